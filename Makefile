@@ -1,0 +1,44 @@
+# Everything installs itself: `make demo` and `make test` work on a fresh Debian/Ubuntu machine.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux
+STAMP := $(VENV)/.installed
+
+.PHONY: setup system-deps demo test lint bench clean
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "missing system packages; run: sudo apt-get install -y$$missing"; exit 1; \
+	  fi; \
+	fi
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: setup
+	$(PY) -m orchard.env.demo
+
+lint: setup
+	$(VENV)/bin/ruff check orchard tests bench
+
+test: setup lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(PY) bench/exec_latency.py
+	$(PY) bench/burst.py
+	$(PY) bench/idle_memory.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

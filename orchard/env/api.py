@@ -1,0 +1,381 @@
+"""FastAPI routes only: validate, call the service, map errors to status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from orchard.version import __version__
+from orchard.env.agent.client import AgentError, AgentUnreachable
+from orchard.env.errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge
+from orchard.env.schema import (
+    CreateSandboxRequest,
+    DeleteResponse,
+    ErrorBody,
+    ExecRequest,
+    FileDownload,
+    FileList,
+    FileUpload,
+    FileWriteResult,
+    Health,
+    Job,
+    JobAccepted,
+    PatchRequest,
+    PatchResponse,
+    PathRequest,
+    ProcessInfo,
+    ProcessList,
+    ProcessOutput,
+    Resources,
+    SandboxInfo,
+    SandboxList,
+)
+from orchard.env.service import SandboxService
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 408, 409, 413, 503)
+}
+RAW_UPLOAD = "/files/raw"
+
+
+class BodyLimit:
+    """413 for JSON bodies over the limit, counted as they arrive (chunked bodies too)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].endswith(RAW_UPLOAD):
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._reject(send)
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise TooLarge(self._detail())
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except TooLarge:
+            await self._reject(send)
+
+    def _detail(self) -> str:
+        return (f"request body is over {self.limit} bytes; send files with PUT "
+                f"/sandboxes/{{id}}{RAW_UPLOAD} (raw bytes, streamed) instead")
+
+    async def _reject(self, send: Send) -> None:
+        await JSONResponse({"detail": self._detail()}, 413)({"type": "http"}, _nothing, send)
+
+
+async def _nothing() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def _check_key(keys: list[str], given: str | None) -> None:
+    if not keys:
+        return
+    if not given:
+        raise _AuthError(401, "missing API key: send it in the X-API-Key header")
+    # Compare against every key so the time taken says nothing about which one nearly matched.
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(given.encode(), key.encode())
+    if not ok:
+        raise _AuthError(403, "invalid API key")
+
+
+class _AuthError(ServiceError):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+def _agent_errors(e: AgentError, sid: str) -> ServiceError:
+    if isinstance(e, AgentUnreachable):
+        return Conflict(f"sandbox {sid} is not reachable ({e.detail}); it may have crashed: "
+                        "check GET /sandboxes/{id} and recreate it")
+    err = {404: NotFound, 409: Conflict, 413: TooLarge}.get(e.status, BadRequest)
+    return err(e.detail)
+
+
+def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
+    settings = service.settings
+    app = FastAPI(title="Orchard Env", version=__version__, lifespan=lifespan,
+                  description="Isolated sandboxes for agents: create, exec, files, patches, PTY.")
+    app.add_middleware(BodyLimit, limit=settings.max_json_body)
+
+    def auth(request: Request) -> None:
+        _check_key(settings.api_keys, request.headers.get("x-api-key")
+                   or _bearer(request.headers.get("authorization")))
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+
+    def agent_call(sid: str) -> Callable[[Awaitable[Any]], Awaitable[Any]]:
+        async def call(awaitable: Awaitable[Any]) -> Any:
+            try:
+                return await awaitable
+            except AgentError as e:
+                raise _agent_errors(e, sid) from None
+        return call
+
+    secured = [Depends(auth)]
+
+    @app.get("/")
+    async def banner() -> dict[str, str]:
+        return {"name": "orchard-env", "version": __version__, "docs": "/docs"}
+
+    @app.get("/health", response_model=Health)
+    async def health() -> Health:
+        return Health(backend=service.backend.name, sandboxes=service.active_count(),
+                      version=__version__)
+
+    @app.get("/resources", response_model=Resources, dependencies=secured, responses=ERRORS)
+    async def resources() -> Resources:
+        return Resources(
+            backend=service.backend.name, sandboxes=service.active_count(),
+            max_sandboxes=settings.max_sandboxes, creates_in_flight=service.creates_in_flight,
+            max_concurrent_creates=settings.max_concurrent_creates, cpus=os.cpu_count() or 1,
+            memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            cgroup=service.backend.describe(),
+        )
+
+    @app.get("/metrics", dependencies=secured)
+    async def metrics() -> Response:
+        service.metrics.live.set(service.active_count())
+        service.metrics.in_flight.set(service.creates_in_flight)
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/sandboxes", response_model=SandboxInfo, dependencies=secured, responses=ERRORS)
+    async def create_sandbox(req: CreateSandboxRequest) -> SandboxInfo:
+        try:
+            return await service.create(req)
+        except ServiceError as e:
+            if e.status == 503:
+                service.metrics.rejected.inc()
+            raise
+
+    @app.get("/sandboxes", response_model=SandboxList, dependencies=secured, responses=ERRORS)
+    async def list_sandboxes(
+        label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
+    ) -> SandboxList:
+        wanted = {}
+        for item in label:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise BadRequest(f"label filter {item!r} must look like key=value")
+            wanted[key] = value
+        return SandboxList(sandboxes=await service.list(wanted))
+
+    @app.get("/sandboxes/{sid}", response_model=SandboxInfo, dependencies=secured,
+             responses=ERRORS)
+    async def get_sandbox(sid: str) -> SandboxInfo:
+        return await service.get(sid)
+
+    @app.get("/sandboxes/{sid}/wait", response_model=SandboxInfo, dependencies=secured,
+             responses=ERRORS)
+    async def wait_sandbox(sid: str, timeout: Annotated[float, Query(gt=0, le=3600)] = 60
+                           ) -> SandboxInfo:
+        return await service.wait(sid, timeout)
+
+    @app.delete("/sandboxes/{sid}", response_model=DeleteResponse, dependencies=secured,
+                responses=ERRORS)
+    async def delete_sandbox(sid: str) -> DeleteResponse:
+        await service.delete(sid)
+        return DeleteResponse(sandbox_id=sid)
+
+    @app.post("/sandboxes/{sid}/heartbeat", response_model=SandboxInfo, dependencies=secured,
+              responses=ERRORS)
+    async def heartbeat(sid: str) -> SandboxInfo:
+        return await service.heartbeat(sid)
+
+    @app.post("/sandboxes/{sid}/exec", response_model=Job | JobAccepted | ProcessInfo,
+              dependencies=secured, responses=ERRORS)
+    async def exec_command(sid: str, req: ExecRequest) -> Any:
+        if req.stream:
+            events = await service.exec_stream(sid, req)
+            return StreamingResponse(events, media_type="application/x-ndjson")
+        return await service.exec(sid, req)
+
+    @app.get("/jobs/{job_id}", response_model=Job, dependencies=secured, responses=ERRORS)
+    async def get_job(job_id: str) -> Job:
+        return await service.get_job(job_id)
+
+    @app.get("/jobs/{job_id}/wait", response_model=Job, dependencies=secured, responses=ERRORS)
+    async def wait_job(job_id: str, timeout: Annotated[float, Query(gt=0, le=3600)] = 60) -> Job:
+        return await service.wait_job(job_id, timeout)
+
+    @app.post("/sandboxes/{sid}/apply_patch", response_model=PatchResponse, dependencies=secured,
+              responses=ERRORS)
+    async def apply_patch(sid: str, req: PatchRequest) -> PatchResponse:
+        payload = {"patch": req.patch, "cwd": req.cwd, "timeout": req.timeout_seconds}
+        result = await agent_call(sid)(service.agent(sid).patch(payload))
+        return PatchResponse(**result)
+
+    # --- files ---------------------------------------------------------------------------
+
+    @app.post("/sandboxes/{sid}/files", response_model=FileWriteResult, dependencies=secured,
+              responses=ERRORS)
+    async def upload_b64(sid: str, req: FileUpload) -> FileWriteResult:
+        try:
+            data = base64.b64decode(req.content, validate=True)
+        except ValueError as e:
+            raise BadRequest(f"'content' is not valid base64: {e}") from None
+        result = await agent_call(sid)(service.agent(sid).put_file(req.path, data, req.mode))
+        return FileWriteResult(**result)
+
+    @app.get("/sandboxes/{sid}/files", response_model=FileDownload, dependencies=secured,
+             responses=ERRORS)
+    async def download_b64(sid: str, path: str) -> FileDownload:
+        r = await agent_call(sid)(service.agent(sid).open_file(path))
+        try:
+            size = int(r.headers.get("content-length", 0))
+            if size > settings.max_json_body:
+                raise TooLarge(f"{path} is {size} bytes, too big for base64 JSON; download it "
+                               f"with GET /sandboxes/{sid}/files/raw?path=...")
+            data = await r.aread()
+        finally:
+            await r.aclose()
+        return FileDownload(path=path, content=base64.b64encode(data).decode(), size=len(data))
+
+    @app.put("/sandboxes/{sid}/files/raw", response_model=FileWriteResult, dependencies=secured,
+             responses=ERRORS)
+    async def upload_raw(sid: str, path: str, request: Request,
+                         mode: Annotated[int | None, Query(ge=0, le=0o7777)] = None
+                         ) -> FileWriteResult:
+        agent = service.agent(sid)
+        limit = settings.max_upload_bytes
+
+        async def body() -> AsyncIterator[bytes]:
+            seen = 0
+            async for chunk in request.stream():
+                seen += len(chunk)
+                if seen > limit:
+                    raise TooLarge(f"upload is over the server's limit of {limit} bytes")
+                yield chunk
+
+        return FileWriteResult(**await agent_call(sid)(agent.put_file(path, body(), mode)))
+
+    @app.get("/sandboxes/{sid}/files/raw", dependencies=secured, responses=ERRORS,
+             response_class=StreamingResponse)
+    async def download_raw(sid: str, path: str) -> StreamingResponse:
+        r = await agent_call(sid)(service.agent(sid).open_file(path))
+        headers = {"Content-Length": r.headers["content-length"]}
+        return StreamingResponse(r.aiter_raw(), media_type="application/octet-stream",
+                                 headers=headers, background=BackgroundTask(r.aclose))
+
+    @app.get("/sandboxes/{sid}/files/list", response_model=FileList, dependencies=secured,
+             responses=ERRORS)
+    async def list_files(sid: str, path: str = "/workspace") -> FileList:
+        return FileList(**await agent_call(sid)(service.agent(sid).list_files(path)))
+
+    @app.post("/sandboxes/{sid}/files/mkdir", dependencies=secured, responses=ERRORS)
+    async def mkdir(sid: str, req: PathRequest) -> dict[str, str]:
+        return await agent_call(sid)(service.agent(sid).mkdir(req.path))
+
+    @app.delete("/sandboxes/{sid}/files", dependencies=secured, responses=ERRORS)
+    async def remove(sid: str, path: str, recursive: bool = False) -> dict[str, str]:
+        return await agent_call(sid)(service.agent(sid).remove(path, recursive))
+
+    # --- background processes -------------------------------------------------------------
+
+    @app.get("/sandboxes/{sid}/processes", response_model=ProcessList, dependencies=secured,
+             responses=ERRORS)
+    async def list_processes(sid: str) -> ProcessList:
+        listing = await agent_call(sid)(service.agent(sid).processes())
+        return ProcessList(processes=[_process(sid, p) for p in listing["processes"]])
+
+    @app.get("/sandboxes/{sid}/processes/{pid}", response_model=ProcessInfo,
+             dependencies=secured, responses=ERRORS)
+    async def get_process(sid: str, pid: str) -> ProcessInfo:
+        return _process(sid, await agent_call(sid)(service.agent(sid).process(pid)))
+
+    @app.get("/sandboxes/{sid}/processes/{pid}/output", response_model=ProcessOutput,
+             dependencies=secured, responses=ERRORS)
+    async def process_output(sid: str, pid: str, stdout_offset: Annotated[int, Query(ge=0)] = 0,
+                             stderr_offset: Annotated[int, Query(ge=0)] = 0) -> ProcessOutput:
+        out = service.agent(sid).process_output(pid, stdout_offset, stderr_offset)
+        return ProcessOutput(**await agent_call(sid)(out))
+
+    @app.delete("/sandboxes/{sid}/processes/{pid}", response_model=ProcessInfo,
+                dependencies=secured, responses=ERRORS)
+    async def kill_process(sid: str, pid: str) -> ProcessInfo:
+        return _process(sid, await agent_call(sid)(service.agent(sid).process(pid, "DELETE")))
+
+    # --- PTY ------------------------------------------------------------------------------
+
+    @app.websocket("/sandboxes/{sid}/exec/pty")
+    async def pty(ws: WebSocket, sid: str, command: str = "/bin/sh", cols: int = 80,
+                  rows: int = 24) -> None:
+        try:
+            _check_key(settings.api_keys, ws.headers.get("x-api-key")
+                       or _bearer(ws.headers.get("authorization")))
+            argv = ["/bin/sh", "-c", f"exec {command}"] if " " in command else [command]
+            channel = await service.agent(sid).open_pty(argv, cols, rows)
+        except (ServiceError, AgentError) as e:
+            await ws.close(code=1008, reason=str(e)[:120])
+            return
+        await ws.accept()
+
+        async def to_sandbox() -> None:
+            with contextlib.suppress(WebSocketDisconnect):
+                while True:
+                    msg = await ws.receive()
+                    if msg["type"] == "websocket.disconnect":
+                        break
+                    if msg.get("bytes") is not None:
+                        await channel.send(msg["bytes"])
+                    elif msg.get("text"):
+                        resize = json.loads(msg["text"]).get("resize")
+                        if resize:
+                            await channel.resize(int(resize[0]), int(resize[1]))
+            await channel.close()
+
+        pump = asyncio.create_task(to_sandbox())
+        try:
+            while True:
+                kind, payload = await channel.recv()
+                if kind == "data":
+                    await ws.send_bytes(payload)
+                    continue
+                if kind == "exit":
+                    await ws.send_text(json.dumps({"exit_code": int(payload)}))
+                break
+            await ws.close()
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            pump.cancel()
+            await channel.close()
+
+    return app
+
+
+def _process(sid: str, info: dict[str, Any]) -> ProcessInfo:
+    return ProcessInfo.model_validate({**info, "sandbox_id": sid})
+
+
+def _bearer(value: str | None) -> str | None:
+    if value and value.lower().startswith("bearer "):
+        return value[7:].strip()
+    return None

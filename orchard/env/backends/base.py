@@ -1,0 +1,62 @@
+"""The Backend protocol: what the service needs from a place that runs sandboxes.
+
+The service never knows which backend it drives. A backend creates a sandbox, says how to
+reach its agent (a Unix socket locally, ``podIP:9090`` on Kubernetes), lists what exists (the
+source of truth for reconciliation) and deletes completely and idempotently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from orchard.env.schema import LimitReport
+
+
+class BackendError(RuntimeError):
+    """A sandbox could not be created or reached; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    sandbox_id: str
+    image: str
+    block_network: bool = True
+    cpu: str | None = None
+    memory: str | None = None
+    pids: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SandboxHandle:
+    sandbox_id: str
+    address: str  # "unix:/path/to/agent.sock" or "tcp:host:port"
+    limits: dict[str, LimitReport] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        """Start the sandbox and return once its agent is ready; raise BackendError."""
+        ...
+
+    async def delete(self, sandbox_id: str) -> None:
+        """Remove every trace of the sandbox; a no-op for one that is already gone."""
+        ...
+
+    async def list(self) -> set[str]:
+        """Ids of every sandbox that exists on the backend, recorded or not."""
+        ...
+
+    async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
+        """The handle of a live sandbox found after a restart, or None if it is not alive."""
+        ...
+
+    def describe(self) -> dict[str, str]:
+        """Facts about what the backend can enforce, for /resources."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,238 @@
+"""The local backend: each sandbox is a bubblewrap namespace jail over a private overlay.
+
+Launch chain, per sandbox (all processes land in the sandbox's cgroups before anything runs):
+
+    unshare --mount  ->  sh launch.sh (join cgroups, mount overlay)  ->  bwrap  ->  agent
+
+The overlay is mounted inside the sandbox's own mount namespace, so it disappears with the
+sandbox's last process: killing the cgroup is a complete teardown even after the orchestrator
+was SIGKILLed. All writes go to ``<sandbox>/upper`` (the image is never modified), which a later
+snapshot/fork can freeze and reuse as a lower layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec
+from orchard.env.backends.local.bundle import BUNDLE_MOUNT, agent_command, ensure_bundle
+from orchard.env.backends.local.cgroups import CgroupManager
+from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
+from orchard.env.backends.local.seccomp import write_filter
+from orchard.env.schema import LimitReport
+
+CTL_MOUNT = "/.orchard/ctl"
+SOCKET_NAME = "agent.sock"
+USER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Host entries a "host" sandbox sees read-only; everything else (/root, /home, /tmp, /var, the
+# orchestrator's state) is absent, and /workspace, /tmp, /home are private and writable.
+HOST_VIEW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
+HOST_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
+                "/etc/sudoers", "/etc/ssl/private")
+_LAUNCH_SH = """\
+# usage: launch.sh LOWER UPPER WORK ROOT NPROCS PROCS_FILE... COMMAND...
+set -e
+lower=$1 upper=$2 work=$3 root=$4 n=$5; shift 5
+while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
+mount -t overlay orchard-overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
+exec "$@"
+"""
+
+
+class LocalBackend:
+    """Sandboxes on this machine; needs root, bubblewrap, overlayfs and cgroups."""
+
+    name = "local"
+
+    def __init__(self, data_dir: Path, ready_timeout: float = 30.0) -> None:
+        if os.geteuid() != 0:
+            raise BackendError(
+                "the local backend needs root (namespaces, overlay mounts, cgroups): run "
+                "`sudo orchard serve` or use the Kubernetes backend"
+            )
+        for tool in ("bwrap", "unshare", "mount"):
+            if shutil.which(tool) is None:
+                raise BackendError(f"'{tool}' is not installed: run `apt-get install bubblewrap "
+                                   "util-linux mount` (or `make setup`)")
+        if any(c in str(data_dir) for c in ",:"):
+            raise BackendError(f"data dir {data_dir} must not contain ',' or ':' (overlayfs "
+                               "option syntax); choose another --data-dir")
+        self.data_dir = data_dir
+        self.sandboxes_dir = data_dir / "sandboxes"
+        self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
+        self.ready_timeout = ready_timeout
+        self.images = ImageStore(data_dir / "images")
+        self.bundle = ensure_bundle(data_dir / "bundle")
+        self.cgroups = CgroupManager()
+        self.seccomp_path = write_filter(data_dir / "seccomp.bpf")
+        self.launch_sh = data_dir / "launch.sh"
+        self.launch_sh.write_text(_LAUNCH_SH)
+        self.host_skeleton = self._make_host_skeleton(data_dir / "host-skeleton")
+        self.empty_dir = data_dir / "empty"
+        self.empty_dir.mkdir(exist_ok=True)
+
+    @staticmethod
+    def _make_host_skeleton(path: Path) -> Path:
+        """An image that is only mount points and the host's top-level symlinks."""
+        path.mkdir(parents=True, exist_ok=True)
+        for name in (*HOST_VIEW, "proc", "dev", "tmp", "workspace", "home", "root", "run", "var"):
+            host, entry = Path("/") / name, path / name
+            if entry.exists() or entry.is_symlink():
+                continue
+            if host.is_symlink():
+                entry.symlink_to(os.readlink(host))
+            elif host.is_dir() or name not in HOST_VIEW:
+                entry.mkdir()
+        (path / "tmp").chmod(0o1777)
+        return path
+
+    def _dir(self, sandbox_id: str) -> Path:
+        return self.sandboxes_dir / sandbox_id
+
+    def socket_path(self, sandbox_id: str) -> Path:
+        return self._dir(sandbox_id) / "ctl" / SOCKET_NAME
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": "local", **self.cgroups.layout()}
+
+    # --- create -------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        try:
+            image = await asyncio.to_thread(self.images.resolve, spec.image)
+        except ImageError as e:
+            raise BackendError(str(e)) from None
+        sdir = self._dir(spec.sandbox_id)
+        try:
+            limits = self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
+        except ValueError as e:
+            raise BackendError(f"invalid limit: {e}") from None
+        read_fd, write_fd = os.pipe()
+        try:
+            for sub in ("upper", "work", "root", "ctl"):
+                (sdir / sub).mkdir(parents=True, exist_ok=True)
+            with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
+                argv = self._launch_argv(spec, image, sdir, bpf.fileno(), write_fd)
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    pass_fds=(bpf.fileno(), write_fd), start_new_session=True,
+                    env={"PATH": USER_PATH},
+                )
+            os.close(write_fd)
+            write_fd = -1
+            await self._await_ready(spec.sandbox_id, read_fd, proc)
+        except BaseException:
+            if write_fd >= 0:
+                os.close(write_fd)
+            await self.delete(spec.sandbox_id)
+            raise
+        finally:
+            os.close(read_fd)
+        return SandboxHandle(
+            sandbox_id=spec.sandbox_id,
+            address=f"unix:{self.socket_path(spec.sandbox_id)}",
+            limits={k: LimitReport(requested=v.requested, enforced=v.enforced, detail=v.detail)
+                    for k, v in limits.items()},
+        )
+
+    def _launch_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
+                     seccomp_fd: int, ready_fd: int) -> list[str]:
+        lower = self.host_skeleton if image.kind == "host" else image.rootfs
+        procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
+        bwrap = ["bwrap", "--bind", str(sdir / "root"), "/", "--proc", "/proc", "--dev", "/dev"]
+        if image.kind == "host":
+            for name in HOST_VIEW:
+                host = Path("/") / name
+                if host.is_dir() and not host.is_symlink():
+                    bwrap += ["--ro-bind", str(host), str(host)]
+            for secret in HOST_SECRETS:
+                if os.path.lexists(secret):
+                    mask = self.empty_dir if os.path.isdir(secret) else "/dev/null"
+                    bwrap += ["--ro-bind", str(mask), secret]
+            for key in Path("/etc/ssh").glob("ssh_host_*_key"):
+                bwrap += ["--ro-bind", "/dev/null", str(key)]
+        bwrap += [
+            "--perms", "1777", "--dir", "/tmp", "--dir", "/workspace",
+            "--ro-bind", str(self.bundle), BUNDLE_MOUNT,
+            "--bind", str(sdir / "ctl"), CTL_MOUNT,
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", spec.sandbox_id[:63], "--cap-drop", "ALL", "--new-session",
+            "--seccomp", str(seccomp_fd), "--clearenv", "--setenv", "PATH", USER_PATH,
+            "--setenv", "HOME", "/root", "--setenv", "LANG", "C.UTF-8",
+            "--setenv", "HOSTNAME", spec.sandbox_id[:63], "--chdir", "/",
+        ]
+        if spec.block_network:
+            bwrap.append("--unshare-net")
+        for key, value in spec.env.items():
+            bwrap += ["--setenv", key, value]
+        agent = [*agent_command(), "--unix", f"{CTL_MOUNT}/{SOCKET_NAME}",
+                 "--ready-fd", str(ready_fd)]
+        return [
+            "unshare", "--mount", "--propagation", "private", "--", "/bin/sh",
+            str(self.launch_sh), str(lower), str(sdir / "upper"), str(sdir / "work"),
+            str(sdir / "root"), str(len(procs)), *procs, *bwrap, "--", *agent,
+        ]
+
+    async def _await_ready(self, sandbox_id: str, read_fd: int, proc: subprocess.Popen) -> None:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[bytes] = loop.create_future()
+
+        def on_readable() -> None:
+            if not ready.done():
+                try:
+                    ready.set_result(os.read(read_fd, 64))
+                except OSError as e:
+                    ready.set_exception(e)
+
+        loop.add_reader(read_fd, on_readable)
+        try:
+            line = await asyncio.wait_for(ready, self.ready_timeout)
+        except TimeoutError:
+            raise BackendError(
+                f"sandbox {sandbox_id}: agent not ready after {self.ready_timeout:.0f}s; "
+                f"see {self._dir(sandbox_id) / 'launch.log'}"
+            ) from None
+        finally:
+            loop.remove_reader(read_fd)
+        if line != b"ready\n":
+            code = proc.poll()
+            log = (self._dir(sandbox_id) / "launch.log").read_text(errors="replace")[-2000:]
+            raise BackendError(
+                f"sandbox {sandbox_id} failed to start (launcher exit {code}): {log.strip()}"
+            )
+        # The launcher is the sandbox: reap it in the background so it never lingers as a
+        # zombie, without tying the sandbox's life to ours.
+        asyncio.get_running_loop().run_in_executor(None, proc.wait)
+
+    # --- delete / list / adopt -------------------------------------------------------------
+
+    async def delete(self, sandbox_id: str) -> None:
+        await asyncio.to_thread(self._delete_sync, sandbox_id)
+
+    def _delete_sync(self, sandbox_id: str) -> None:
+        self.cgroups.kill(sandbox_id)
+        sdir = self._dir(sandbox_id)
+        root = sdir / "root"
+        # Only an orchestrator crash mid-launch could leave the overlay mounted on the host.
+        if os.path.ismount(root):
+            subprocess.run(["umount", "-l", str(root)], check=False)
+        shutil.rmtree(sdir, ignore_errors=True)
+        if sdir.exists():
+            raise BackendError(f"could not remove {sdir}; remove it by hand")
+
+    async def list(self) -> set[str]:
+        dirs = {p.name for p in self.sandboxes_dir.iterdir() if p.is_dir()}
+        return dirs | self.cgroups.list()
+
+    async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
+        sock = self.socket_path(sandbox_id)
+        if not sock.exists() or not self.cgroups.pids(sandbox_id):
+            return None
+        return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}")
+
+    async def close(self) -> None:
+        return None

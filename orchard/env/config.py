@@ -1,0 +1,31 @@
+"""Orchestrator settings; every field is an `orchard serve` option or an ORCHARD_* variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+from pydantic import BaseModel, Field
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("orchard"))
+
+
+class Settings(BaseModel):
+    data_dir: Path = Field(default_factory=default_data_dir)
+    state: str | None = Field(None, description="sqlite:///PATH; default <data_dir>/state.db")
+    backend: str = "local"
+    api_keys: list[str] = Field(default_factory=list)
+    max_sandboxes: int = Field(2000, ge=1)
+    max_concurrent_creates: int = Field(64, ge=1)
+    default_ttl: float = Field(7200, gt=0, description="Seconds a sandbox lives by default.")
+    heartbeat_timeout: float = Field(180, gt=0, description="Only for sandboxes that beat once.")
+    pending_timeout: float = Field(120, gt=0)
+    reconcile_interval: float = Field(5, gt=0)
+    retention: float = Field(3600, gt=0, description="Seconds deleted records and jobs are kept.")
+    max_json_body: int = Field(64 << 20, description="Largest JSON request body, bytes.")
+    max_upload_bytes: int = Field(8 << 30, description="Largest raw upload, bytes.")
+
+    def state_url(self) -> str:
+        return self.state or f"sqlite:///{self.data_dir / 'state.db'}"

@@ -1,0 +1,25 @@
+"""Prometheus metrics, on a registry per app so several orchestrators can share a process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_FAST = (0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.creates = Counter("orchard_sandbox_creates", "Sandbox creates by outcome",
+                               ["outcome"], registry=r)
+        self.create_seconds = Histogram("orchard_sandbox_create_seconds", "Create to ready",
+                                        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+                                        registry=r)
+        self.execs = Counter("orchard_execs", "Exec calls by outcome", ["outcome"], registry=r)
+        self.exec_seconds = Histogram("orchard_exec_seconds", "Exec round-trip in the service",
+                                      buckets=_FAST, registry=r)
+        self.rejected = Counter("orchard_admission_rejections", "503s from admission control",
+                                registry=r)
+        self.live = Gauge("orchard_sandboxes_live", "Pending or running sandboxes", registry=r)
+        self.in_flight = Gauge("orchard_creates_in_flight", "Creates in progress", registry=r)

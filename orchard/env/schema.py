@@ -1,0 +1,264 @@
+"""The wire contract of Orchard Env: every request and response body, shared by API and SDK.
+
+Field names and defaults follow the reference system's REST contract (so its clients work
+unchanged) and extend it. Byte payloads that may not be UTF-8 travel as ``*_b64`` fields.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SANDBOX_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+MAX_OUTPUT_BYTES_DEFAULT = 10 * 1024 * 1024
+
+
+class SandboxStatus(StrEnum):
+    pending = "pending"
+    running = "running"
+    failed = "failed"
+    deleting = "deleting"
+    deleted = "deleted"
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSandboxRequest(_Strict):
+    image: str = Field(
+        "host",
+        description="'host' (read-only view of the host system), a rootfs directory, a "
+        "docker-archive/oci-archive tarball or an OCI layout directory.",
+        min_length=1,
+        max_length=4096,
+    )
+    block_network: bool = Field(True, description="True: loopback only. False: outbound access.")
+    sandbox_id: Annotated[str | None, Field(pattern=SANDBOX_ID_PATTERN)] = None
+    cpu: str | None = Field(None, description="CPU limit in cores, e.g. '2' or '500m'.")
+    memory: str | None = Field(None, description="Memory limit, e.g. '512Mi', '8Gi'.")
+    pids: int | None = Field(None, ge=8, le=1_000_000, description="Max processes.")
+    timeout: float | None = Field(
+        None, gt=0, le=7 * 24 * 3600, description="TTL in seconds (default: server's, 2 h)."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    env: dict[str, str] = Field(default_factory=dict, description="Default env for every exec.")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_are_short(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not (0 < len(k) <= 128) or len(val) > 1024:
+                raise ValueError(f"label {k!r}: keys must be 1-128 chars, values <= 1024 chars")
+        return v
+
+
+class LimitReport(BaseModel):
+    """What the host could enforce for each requested limit."""
+
+    requested: str | None
+    enforced: bool
+    detail: str = ""
+
+
+class SandboxInfo(BaseModel):
+    sandbox_id: str
+    status: SandboxStatus
+    image: str
+    block_network: bool
+    cpu: str | None = None
+    memory: str | None = None
+    pids: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime
+    ready_at: datetime | None = None
+    expires_at: datetime | None = None
+    last_heartbeat: datetime | None = None
+    error: str | None = None
+    limits: dict[str, LimitReport] = Field(default_factory=dict)
+    backend: str = "local"
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxInfo]
+
+
+class DeleteResponse(BaseModel):
+    sandbox_id: str
+    status: Literal["deleted"] = "deleted"
+
+
+class ExecRequest(_Strict):
+    command: str | None = Field(None, description="Shell command (run by /bin/sh -c).")
+    argv: list[str] | None = Field(None, min_length=1, description="Run without a shell.")
+    timeout_seconds: float | None = Field(None, gt=0, le=24 * 3600)
+    cwd: str | None = Field(None, max_length=4096)
+    env: dict[str, str] = Field(default_factory=dict)
+    login_shell: bool = False
+    wait: bool = Field(True, description="Return the finished job; false returns job_id at once.")
+    stdin: str | None = Field(None, description="Text fed to stdin; otherwise stdin is closed.")
+    stdin_b64: str | None = Field(None, description="Bytes fed to stdin, base64.")
+    max_output_bytes: int = Field(MAX_OUTPUT_BYTES_DEFAULT, ge=0, le=1 << 30)
+    background: bool = Field(False, description="Start a long-lived process; see /processes.")
+    stream: bool = Field(False, description="Stream output as NDJSON events while it runs.")
+
+    @model_validator(mode="after")
+    def _one_program(self) -> ExecRequest:
+        if (self.command is None) == (self.argv is None):
+            raise ValueError("give exactly one of 'command' (a shell string) or 'argv' (a list)")
+        if self.stdin is not None and self.stdin_b64 is not None:
+            raise ValueError("give at most one of 'stdin' and 'stdin_b64'")
+        if self.stdin_b64 is not None:
+            try:
+                base64.b64decode(self.stdin_b64, validate=True)
+            except ValueError as e:
+                raise ValueError(f"stdin_b64 is not valid base64: {e}") from None
+        return self
+
+    def stdin_bytes(self) -> bytes | None:
+        if self.stdin_b64 is not None:
+            return base64.b64decode(self.stdin_b64)
+        return None if self.stdin is None else self.stdin.encode()
+
+
+class Job(BaseModel):
+    job_id: str
+    sandbox_id: str
+    command: str
+    argv: list[str] | None = None
+    status: JobStatus
+    stdout: str = ""
+    stderr: str = ""
+    stdout_b64: str | None = Field(None, description="Set when stdout is not valid UTF-8.")
+    stderr_b64: str | None = Field(None, description="Set when stderr is not valid UTF-8.")
+    stdout_dropped: int = Field(0, description="Bytes cut from the middle of stdout.")
+    stderr_dropped: int = 0
+    exit_code: int | None = None
+    timed_out: bool = False
+    created_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    error: str | None = None
+
+
+class JobAccepted(BaseModel):
+    job_id: str
+    status: JobStatus
+
+
+class ProcessInfo(BaseModel):
+    """A background process started with exec(background=True)."""
+
+    process_id: str
+    sandbox_id: str = ""
+    command: str
+    pid: int
+    running: bool
+    exit_code: int | None = None
+    started_at: datetime | None = None
+
+
+class ProcessList(BaseModel):
+    processes: list[ProcessInfo]
+
+
+class ProcessOutput(BaseModel):
+    process_id: str
+    running: bool
+    exit_code: int | None
+    stdout_b64: str
+    stderr_b64: str
+    stdout_offset: int = Field(description="Pass back as stdout_offset to read on from here.")
+    stderr_offset: int
+    stdout_dropped: int = Field(0, description="Bytes lost because the buffer rolled over.")
+    stderr_dropped: int = 0
+
+
+class PatchRequest(_Strict):
+    patch: str = Field(min_length=1)
+    timeout_seconds: float = Field(60, gt=0, le=3600)
+    cwd: str | None = Field(None, description="Directory to apply in (default /workspace).")
+
+
+class PatchResponse(BaseModel):
+    success: bool
+    method: Literal["git apply", "git apply --reject", "patch --fuzz=5"] | None = None
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int
+    attempts: list[str] = Field(default_factory=list, description="Why each method failed.")
+
+
+class FileUpload(_Strict):
+    path: str = Field(min_length=1, max_length=4096)
+    content: str = Field(description="File content, base64.")
+    mode: int | None = Field(None, ge=0, le=0o7777)
+
+
+class FileEntry(BaseModel):
+    name: str
+    type: Literal["file", "directory", "symlink", "other"]
+    size: int
+    modified: float
+
+
+class FileList(BaseModel):
+    path: str
+    files: list[FileEntry]
+
+
+class FileWriteResult(BaseModel):
+    path: str
+    size: int
+
+
+class FileDownload(BaseModel):
+    path: str
+    content: str = Field(description="File content, base64.")
+    size: int
+
+
+class PathRequest(_Strict):
+    path: str = Field(min_length=1, max_length=4096)
+    recursive: bool = False
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    backend: str
+    sandboxes: int
+    version: str
+
+
+class Resources(BaseModel):
+    backend: str
+    sandboxes: int
+    max_sandboxes: int
+    creates_in_flight: int
+    max_concurrent_creates: int
+    cpus: int
+    memory_bytes: int
+    cgroup: dict[str, str]
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+class StreamEvent(BaseModel):
+    """One NDJSON line of a streamed exec: output chunks, then one final 'exit' event."""
+
+    type: Literal["stdout", "stderr", "exit"]
+    data_b64: str | None = None
+    job: Job | None = None
