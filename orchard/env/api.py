@@ -15,9 +15,9 @@ from fastapi import Depends, FastAPI, Query, Request, WebSocket, WebSocketDiscon
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchard.version import __version__
 from orchard.env.agent.client import AgentError, AgentUnreachable
 from orchard.env.errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge
 from orchard.env.schema import (
@@ -43,6 +43,7 @@ from orchard.env.schema import (
     SandboxList,
 )
 from orchard.env.service import SandboxService
+from orchard.version import __version__
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 408, 409, 413, 503)
@@ -268,11 +269,14 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
 
         async def body() -> AsyncIterator[bytes]:
             seen = 0
-            async for chunk in request.stream():
-                seen += len(chunk)
-                if seen > limit:
-                    raise TooLarge(f"upload is over the server's limit of {limit} bytes")
-                yield chunk
+            try:
+                async for chunk in request.stream():
+                    seen += len(chunk)
+                    if seen > limit:
+                        raise TooLarge(f"upload is over the server's limit of {limit} bytes")
+                    yield chunk
+            except ClientDisconnect:  # an aborted upload: the agent keeps the old file
+                raise BadRequest(f"client disconnected after {seen} bytes") from None
 
         return FileWriteResult(**await agent_call(sid)(agent.put_file(path, body(), mode)))
 
@@ -333,7 +337,9 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
             argv = ["/bin/sh", "-c", f"exec {command}"] if " " in command else [command]
             channel = await service.agent(sid).open_pty(argv, cols, rows)
         except (ServiceError, AgentError) as e:
-            await ws.close(code=1008, reason=str(e)[:120])
+            # Accept first: a close before accept is an HTTP 403 that loses code and reason.
+            await ws.accept()
+            await ws.close(code=1008, reason=str(e).encode()[:120].decode(errors="ignore"))
             return
         await ws.accept()
 

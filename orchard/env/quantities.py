@@ -2,27 +2,62 @@
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal, InvalidOperation
 
-_MEMORY_UNITS = {
-    "": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+_CPU_RE = re.compile(r"(?P<num>\d+(?:\.\d*)?|\.\d+)(?P<milli>m?)")
+_MEMORY_RE = re.compile(r"(?P<num>\d+(?:\.\d*)?|\.\d+)(?P<suffix>[KMGTPE]i|[kMGTPE])?")
+_MEMORY_SUFFIXES = {
+    None: 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
 }
-_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
 def parse_cpu(q: str) -> float:
-    """Cores: "2" -> 2.0, "0.5" -> 0.5, "500m" -> 0.5."""
-    m = _QUANTITY.match(q)
-    if not m or m.group(2) not in ("", "m"):
-        raise ValueError(f"cpu {q!r} is not a quantity like '2', '0.5' or '500m'")
-    value = float(m.group(1))
-    return value / 1000 if m.group(2) == "m" else value
+    """Kubernetes CPU quantity ("2", "0.5", "500m") -> cores."""
+    m = _CPU_RE.fullmatch(q.strip())
+    if m is None:
+        raise ValueError(
+            f"invalid cpu quantity {q!r}: expected cores like '2' or '0.5', or millicores "
+            "like '500m'"
+        )
+    cores = float(m["num"]) / (1000 if m["milli"] else 1)
+    if cores < 0.001:
+        raise ValueError(f"invalid cpu quantity {q!r}: must be at least 1m (0.001 cores)")
+    return cores
 
 
 def parse_memory(q: str) -> int:
-    """Bytes: "512Mi" -> 536870912, "1G" -> 10**9, "1000" -> 1000."""
-    m = _QUANTITY.match(q)
-    if not m or m.group(2) not in _MEMORY_UNITS:
-        raise ValueError(f"memory {q!r} is not a quantity like '512Mi', '8Gi' or '1G'")
-    return int(float(m.group(1)) * _MEMORY_UNITS[m.group(2)])
+    """Kubernetes memory quantity ("512Mi", "8Gi", "1G", "1000", "1.5Gi") -> bytes (rounded up)."""
+    text = q.strip()
+    m = _MEMORY_RE.fullmatch(text)
+    if m is None:
+        hint = ""
+        if text.endswith("m"):
+            hint = " ('m' means milli in Kubernetes quantities; did you mean 'Mi'?)"
+        elif text.endswith(("K", "KB", "MB", "GB", "kb", "mb", "gb")):
+            hint = " (use Ki/Mi/Gi for binary or k/M/G for decimal units)"
+        raise ValueError(
+            f"invalid memory quantity {q!r}: expected a number with an optional suffix "
+            f"Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or E, e.g. '512Mi'{hint}"
+        )
+    try:
+        value = Decimal(m["num"]) * _MEMORY_SUFFIXES[m["suffix"]]
+    except InvalidOperation as exc:  # pragma: no cover - the regex only admits decimals
+        raise ValueError(f"invalid memory quantity {q!r}") from exc
+    size = math.ceil(value)
+    if size <= 0:
+        raise ValueError(f"invalid memory quantity {q!r}: must be greater than zero")
+    return size

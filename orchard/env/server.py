@@ -23,18 +23,18 @@ from orchard.env.service import SandboxService
 from orchard.env.state.sqlite import SqliteStore, sqlite_path
 
 
-def make_backend(settings: Settings) -> Backend:
+def make_backend(settings: Settings, embedded: bool = False) -> Backend:
     if settings.backend == "local":
         from orchard.env.backends.local.backend import LocalBackend
 
-        return LocalBackend(settings.data_dir / "local")
+        return LocalBackend(settings.data_dir / "local", die_with_orchestrator=embedded)
     raise ValueError(f"unknown backend {settings.backend!r}; this build supports: local")
 
 
 def build_app(settings: Settings, delete_on_shutdown: bool = False) -> FastAPI:
     """The ASGI app; the service starts (re-adopting sandboxes) with the app's lifespan."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    backend = make_backend(settings)
+    backend = make_backend(settings, embedded=delete_on_shutdown)
     store = SqliteStore(sqlite_path(settings.state_url()))
     service = SandboxService(backend, store, settings)
 

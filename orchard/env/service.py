@@ -199,7 +199,8 @@ class SandboxService:
             try:
                 await asyncio.wait_for(event.wait(), timeout)
             except TimeoutError:
-                raise WaitTimedOut(f"sandbox {sid} not ready after {timeout}s; wait again") from None
+                raise WaitTimedOut(
+                    f"sandbox {sid} not ready after {timeout}s; wait again") from None
         if rec.status == SandboxStatus.failed:
             raise Conflict(f"sandbox {sid} failed to start: {rec.error}")
         if rec.status == SandboxStatus.deleted:

@@ -7,6 +7,7 @@ errors come back as ``AgentError`` with the agent's own message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 from collections.abc import AsyncIterator
@@ -175,10 +176,8 @@ class PtyChannel:
 
     async def close(self) -> None:
         self._writer.close()
-        try:
+        with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
 
 
 def _detail(body: bytes) -> str:

@@ -21,6 +21,7 @@ Errors are JSON {"detail": "..."} with a 4xx/5xx status.
 """
 
 import base64
+import contextlib
 import hmac
 import json
 import os
@@ -93,7 +94,8 @@ def _proc_table():
 def _has_marker(pid, marker):
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return marker in f.read()
+            # Whole NUL-separated entries only: "ID=p2-1" must not match "ID=p2-12".
+            return b"\0" + marker + b"\0" in b"\0" + f.read() + b"\0"
     except OSError:
         return False
 
@@ -120,10 +122,8 @@ def kill_tree(root_pid, exec_id):
         if not alive:
             return
         for pid in alive:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.002)
 
 
@@ -408,13 +408,16 @@ def apply_patch(req):
     methods = [
         ("git apply", ["git", "apply", "--verbose", patch_path]),
         ("git apply --reject", ["git", "apply", "--reject", "--verbose", patch_path]),
-        ("patch --fuzz=5", ["patch", "--batch", "-p1", "--fuzz=5", "-i", patch_path]),
+        ("patch --fuzz=5", None),
     ]
     attempts = []
     try:
         for name, argv in methods:
             try:
-                r = run_exec({"argv": argv, "cwd": cwd, "timeout": timeout})
+                if argv is None:
+                    r = _run_patch(patch_path, cwd, timeout)
+                else:
+                    r = run_exec({"argv": argv, "cwd": cwd, "timeout": timeout})
             except HTTPError as e:
                 attempts.append(f"{name}: {e.detail}")
                 continue
@@ -423,15 +426,41 @@ def apply_patch(req):
                         "stderr": r["stderr"], "exit_code": 0, "attempts": attempts}
             attempts.append(f"{name}: exit {r['exit_code']}: {(r['stderr'] or r['stdout'])[-500:]}")
             if name == "git apply --reject":
-                # --reject leaves the hunks that did apply: undo them before the next method.
-                run_exec({"argv": ["git", "apply", "-R", "--reject", patch_path], "cwd": cwd,
-                          "timeout": timeout})
+                # --reject leaves the hunks that did apply: undo them before the next method
+                # (only then: a blind -R would revert hunks the tree already had).
+                if "applied cleanly" in r["stderr"] + r["stdout"]:
+                    run_exec({"argv": ["git", "apply", "-R", "--reject", patch_path],
+                              "cwd": cwd, "timeout": timeout})
                 run_exec({"argv": ["sh", "-c", "find . -name '*.rej' -newer \"$0\" -delete",
                                    patch_path], "cwd": cwd, "timeout": timeout})
         return {"success": False, "method": None, "stdout": "", "stderr": attempts[-1],
                 "exit_code": 1, "attempts": attempts}
     finally:
         os.unlink(patch_path)
+
+
+# GNU patch, then BusyBox patch (which knows neither --batch nor --fuzz). --forward/-N refuse
+# an already-applied patch instead of reversing it.
+_PATCH_FLAVOURS = (
+    ["patch", "--batch", "--forward", "--fuzz=5", "--no-backup-if-mismatch", "-p1"],
+    ["patch", "-N", "-p1"],
+)
+
+
+def _run_patch(patch_path, cwd, timeout):
+    """Dry-run first, so a patch that only partly applies leaves the tree untouched."""
+    r = None
+    for flags in _PATCH_FLAVOURS:
+        r = run_exec({"argv": [*flags, "--dry-run", "-i", patch_path], "cwd": cwd,
+                      "timeout": timeout})
+        if "unrecognized option" in r["stderr"] or "invalid option" in r["stderr"]:
+            continue  # another patch implementation: try the next flavour's flags
+        if r["exit_code"] != 0:
+            return r
+        if "ing file " not in r["stdout"]:  # BusyBox exits 0 on input without any diff
+            return {**r, "exit_code": 1, "stderr": r["stderr"] + "no diff found in the patch\n"}
+        return run_exec({"argv": [*flags, "-i", patch_path], "cwd": cwd, "timeout": timeout})
+    return r
 
 
 # --- HTTP ------------------------------------------------------------------------------------

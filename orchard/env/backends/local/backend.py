@@ -13,6 +13,7 @@ snapshot/fork can freeze and reuse as a lower layer.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import subprocess
@@ -20,13 +21,14 @@ from pathlib import Path
 
 from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec
 from orchard.env.backends.local.bundle import BUNDLE_MOUNT, agent_command, ensure_bundle
-from orchard.env.backends.local.cgroups import CgroupManager
+from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.schema import LimitReport
 
 CTL_MOUNT = "/.orchard/ctl"
 SOCKET_NAME = "agent.sock"
+_MAX_UNIX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 USER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Host entries a "host" sandbox sees read-only; everything else (/root, /home, /tmp, /var, the
 # orchestrator's state) is absent, and /workspace, /tmp, /home are private and writable.
@@ -48,7 +50,8 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, data_dir: Path, ready_timeout: float = 30.0) -> None:
+    def __init__(self, data_dir: Path, ready_timeout: float = 30.0,
+                 die_with_orchestrator: bool = False) -> None:
         if os.geteuid() != 0:
             raise BackendError(
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
@@ -65,9 +68,16 @@ class LocalBackend:
         self.sandboxes_dir = data_dir / "sandboxes"
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         self.ready_timeout = ready_timeout
+        # An embedded orchestrator's sandboxes must not outlive its process (nobody could
+        # re-adopt them); a standalone one's do, so a restart can re-adopt them.
+        self.die_with_orchestrator = die_with_orchestrator
+        self._launchers: dict[str, subprocess.Popen[bytes]] = {}
         self.images = ImageStore(data_dir / "images")
         self.bundle = ensure_bundle(data_dir / "bundle")
-        self.cgroups = CgroupManager()
+        # One cgroup group per data dir: the orphan pass deletes every cgroup in its group
+        # that has no record, so orchestrators sharing a host must not share a group.
+        data_key = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
+        self.cgroups = CgroupManager(f"orchard/{data_key}")
         self.seccomp_path = write_filter(data_dir / "seccomp.bpf")
         self.launch_sh = data_dir / "launch.sh"
         self.launch_sh.write_text(_LAUNCH_SH)
@@ -107,14 +117,23 @@ class LocalBackend:
         except ImageError as e:
             raise BackendError(str(e)) from None
         sdir = self._dir(spec.sandbox_id)
+        sock = self.socket_path(spec.sandbox_id)
+        if len(os.fsencode(sock)) > _MAX_UNIX_PATH:
+            # Otherwise the sandbox starts "running" but its agent can never be reached.
+            raise BackendError(
+                f"agent socket path {sock} is over {_MAX_UNIX_PATH} bytes (the AF_UNIX limit); "
+                "use a shorter sandbox_id or a shorter --data-dir")
+        # The dir comes first: it is this orchestrator's claim on the id (list() reads dirs),
+        # so a crash at any later point leaves something the reconcile pass will find.
+        for sub in ("upper", "work", "root", "ctl"):
+            (sdir / sub).mkdir(parents=True, exist_ok=True)
         try:
             limits = self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
-        except ValueError as e:
-            raise BackendError(f"invalid limit: {e}") from None
+        except (ValueError, CgroupError) as e:
+            shutil.rmtree(sdir, ignore_errors=True)
+            raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
         read_fd, write_fd = os.pipe()
         try:
-            for sub in ("upper", "work", "root", "ctl"):
-                (sdir / sub).mkdir(parents=True, exist_ok=True)
             with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
                 argv = self._launch_argv(spec, image, sdir, bpf.fileno(), write_fd)
                 proc = subprocess.Popen(
@@ -167,6 +186,8 @@ class LocalBackend:
         ]
         if spec.block_network:
             bwrap.append("--unshare-net")
+        if self.die_with_orchestrator:
+            bwrap.append("--die-with-parent")
         for key, value in spec.env.items():
             bwrap += ["--setenv", key, value]
         agent = [*agent_command(), "--unix", f"{CTL_MOUNT}/{SOCKET_NAME}",
@@ -177,7 +198,8 @@ class LocalBackend:
             str(sdir / "root"), str(len(procs)), *procs, *bwrap, "--", *agent,
         ]
 
-    async def _await_ready(self, sandbox_id: str, read_fd: int, proc: subprocess.Popen) -> None:
+    async def _await_ready(self, sandbox_id: str, read_fd: int,
+                          proc: subprocess.Popen[bytes]) -> None:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[bytes] = loop.create_future()
 
@@ -204,9 +226,9 @@ class LocalBackend:
             raise BackendError(
                 f"sandbox {sandbox_id} failed to start (launcher exit {code}): {log.strip()}"
             )
-        # The launcher is the sandbox: reap it in the background so it never lingers as a
-        # zombie, without tying the sandbox's life to ours.
-        asyncio.get_running_loop().run_in_executor(None, proc.wait)
+        # The launcher is the sandbox's outermost process and our child: keep it to reap it
+        # on delete (or when the reconcile pass finds it dead), so no zombie lingers.
+        self._launchers[sandbox_id] = proc
 
     # --- delete / list / adopt -------------------------------------------------------------
 
@@ -215,6 +237,9 @@ class LocalBackend:
 
     def _delete_sync(self, sandbox_id: str) -> None:
         self.cgroups.kill(sandbox_id)
+        launcher = self._launchers.pop(sandbox_id, None)
+        if launcher is not None:
+            launcher.wait(5)
         sdir = self._dir(sandbox_id)
         root = sdir / "root"
         # Only an orchestrator crash mid-launch could leave the overlay mounted on the host.
@@ -225,8 +250,12 @@ class LocalBackend:
             raise BackendError(f"could not remove {sdir}; remove it by hand")
 
     async def list(self) -> set[str]:
-        dirs = {p.name for p in self.sandboxes_dir.iterdir() if p.is_dir()}
-        return dirs | self.cgroups.list()
+        """Sandboxes of THIS data dir only: other orchestrators on the host share the cgroup
+        tree, and their sandboxes are not ours to reap."""
+        for sid, launcher in list(self._launchers.items()):
+            if launcher.poll() is not None:  # crashed: reap it; its dirs stay until delete
+                del self._launchers[sid]
+        return {p.name for p in self.sandboxes_dir.iterdir() if p.is_dir()}
 
     async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
         sock = self.socket_path(sandbox_id)

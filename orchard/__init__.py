@@ -1,0 +1,41 @@
+"""Orchard: an open foundation for agentic-modeling research."""
+
+from orchard.env.client import (
+    APIError,
+    AsyncSandbox,
+    AsyncSandboxClient,
+    AuthenticationError,
+    ConflictError,
+    ConnectError,
+    InvalidRequest,
+    NotFoundError,
+    OrchardError,
+    Overloaded,
+    PayloadTooLarge,
+    Sandbox,
+    SandboxClient,
+    SandboxNotReady,
+    ServerError,
+    TransportError,
+    WaitTimeout,
+)
+
+__all__ = [
+    "APIError",
+    "AsyncSandbox",
+    "AsyncSandboxClient",
+    "AuthenticationError",
+    "ConflictError",
+    "ConnectError",
+    "InvalidRequest",
+    "NotFoundError",
+    "OrchardError",
+    "Overloaded",
+    "PayloadTooLarge",
+    "Sandbox",
+    "SandboxClient",
+    "SandboxNotReady",
+    "ServerError",
+    "TransportError",
+    "WaitTimeout",
+]

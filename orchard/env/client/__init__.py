@@ -1,0 +1,53 @@
+"""Python SDK of the Orchard sandbox service: a blocking and an asyncio client."""
+
+from orchard.env.client.async_client import AsyncPtySession, AsyncSandbox, AsyncSandboxClient
+from orchard.env.client.base import (
+    ExecEvent,
+    ExecOptions,
+    ExecResult,
+    ProcessOutputResult,
+    RetryPolicy,
+)
+from orchard.env.client.errors import (
+    APIError,
+    AuthenticationError,
+    ConflictError,
+    ConnectError,
+    InvalidRequest,
+    NotFoundError,
+    OrchardError,
+    Overloaded,
+    PayloadTooLarge,
+    SandboxNotReady,
+    ServerError,
+    TransportError,
+    WaitTimeout,
+)
+from orchard.env.client.sync_client import PtySession, Sandbox, SandboxClient
+
+__all__ = [
+    "APIError",
+    "AsyncPtySession",
+    "AsyncSandbox",
+    "AsyncSandboxClient",
+    "AuthenticationError",
+    "ConflictError",
+    "ConnectError",
+    "ExecEvent",
+    "ExecOptions",
+    "ExecResult",
+    "InvalidRequest",
+    "NotFoundError",
+    "OrchardError",
+    "Overloaded",
+    "PayloadTooLarge",
+    "ProcessOutputResult",
+    "PtySession",
+    "RetryPolicy",
+    "Sandbox",
+    "SandboxClient",
+    "SandboxNotReady",
+    "ServerError",
+    "TransportError",
+    "WaitTimeout",
+]

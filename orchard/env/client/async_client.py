@@ -1,0 +1,406 @@
+"""The asyncio twin of ``sync_client``: same names and arguments, awaitable.
+
+Example::
+
+    async with AsyncSandboxClient() as client:
+        async with await client.create_sandbox() as sb:
+            r = await sb.exec("python3 -c 'print(6*7)'")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self, TypeVar, Unpack
+
+import anyio
+import httpx
+import wsproto.events
+from httpx_ws import (
+    AsyncWebSocketSession,
+    WebSocketDisconnect,
+    WebSocketNetworkError,
+    WebSocketUpgradeError,
+    aconnect_ws,
+)
+
+from orchard.env import schema
+from orchard.env.client import errors
+from orchard.env.client.base import (
+    API,
+    CHUNK_SIZE,
+    BaseClient,
+    Call,
+    ExecEvent,
+    ExecOptions,
+    ExecResult,
+    ProcessOutputResult,
+    RetryPolicy,
+    SandboxBase,
+    exec_request,
+    log,
+    parse_event,
+    pty_exit_code,
+    pty_refused,
+    pty_resize_message,
+    wire_errors,
+)
+
+T = TypeVar("T")
+
+
+class AsyncSandboxClient(BaseClient):
+    """Async twin of :class:`SandboxClient`."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        cleanup_on_close: bool = True,
+    ) -> None:
+        super().__init__(
+            base_url,
+            api_key=api_key,
+            timeout=timeout,
+            retry=retry,
+            cleanup_on_close=cleanup_on_close,
+        )
+        self._http = httpx.AsyncClient(**self._http_options())
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        try:
+            await self.cleanup_all()
+        finally:
+            await self._http.aclose()
+            self._release()
+
+    async def _send(
+        self, call: Call[Any], content: Callable[[], Any] | None = None
+    ) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                request = self._request(self._http, call, content() if content else None)
+                response = await self._http.send(request, stream=call.stream)
+                if call.stream and response.is_error:
+                    await response.aread()  # a small JSON error body: its detail goes in the error
+            except httpx.TransportError as exc:
+                delay = self._delay_after_error(call, attempt, exc)
+            else:
+                if not response.is_error:
+                    return response
+                delay = self._delay_after_response(call, attempt, response)
+            attempt += 1
+            await anyio.sleep(delay)
+
+    async def _call(self, call: Call[T], content: Callable[[], Any] | None = None) -> T:
+        return call.parse(await self._send(call, content))
+
+    # --- sandboxes ---
+
+    async def create_sandbox(
+        self,
+        image: str = "host",
+        *,
+        block_network: bool = True,
+        sandbox_id: str | None = None,
+        cpu: str | None = None,
+        memory: str | None = None,
+        pids: int | None = None,
+        timeout: float | None = None,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        wait_timeout: float = 120.0,
+    ) -> AsyncSandbox:
+        """Create a sandbox and, unless ``wait=False``, wait until it can run commands."""
+        request = schema.CreateSandboxRequest(
+            image=image, block_network=block_network, sandbox_id=sandbox_id, cpu=cpu,
+            memory=memory, pids=pids, timeout=timeout, labels=dict(labels or {}),
+            env=dict(env or {}),
+        )  # fmt: skip
+        sandbox = AsyncSandbox(self, await self._call(API.create_sandbox(request)))
+        self._remember(sandbox.id)
+        if wait:
+            try:
+                await sandbox.wait_ready(wait_timeout)
+            except errors.OrchardError:
+                await self._discard(sandbox.id)  # the caller gets no handle to delete it with
+                raise
+        return sandbox
+
+    async def get_sandbox(self, sandbox_id: str) -> AsyncSandbox:
+        return AsyncSandbox(self, await self._call(API.get_sandbox(sandbox_id)))
+
+    async def list_sandboxes(
+        self, labels: Mapping[str, str] | None = None
+    ) -> list[schema.SandboxInfo]:
+        """All sandboxes, or those carrying every one of ``labels``."""
+        return (await self._call(API.list_sandboxes(labels))).sandboxes
+
+    async def delete_sandbox(self, sandbox_id: str) -> schema.DeleteResponse:
+        result = await self._call(API.delete_sandbox(sandbox_id))
+        self._forget(sandbox_id)
+        return result
+
+    async def _discard(self, sandbox_id: str) -> None:
+        try:
+            await self.delete_sandbox(sandbox_id)
+        except errors.OrchardError as exc:
+            log.warning("orchard: could not delete sandbox %s: %s", sandbox_id, exc)
+
+    async def cleanup_all(self) -> None:
+        """Delete every sandbox this client created and has not deleted yet (best effort)."""
+        async with anyio.create_task_group() as tg:
+            for sandbox_id in list(self._created):
+                tg.start_soon(self._discard, sandbox_id)
+
+    # --- service ---
+
+    async def health(self) -> schema.Health:
+        return await self._call(API.health())
+
+    async def resources(self) -> schema.Resources:
+        return await self._call(API.resources())
+
+    async def get_job(self, job_id: str) -> ExecResult:
+        return await self._call(API.get_job(job_id))
+
+    async def wait_job(self, job_id: str, timeout: float = 60.0) -> ExecResult:
+        """The job once finished, or as it is after ``timeout`` (check ``.finished``)."""
+        return await self._call(API.wait_job(job_id, timeout))
+
+
+class AsyncSandbox(SandboxBase):
+    """Async twin of :class:`Sandbox`; ``async with`` deletes the sandbox on exit."""
+
+    def __init__(self, client: AsyncSandboxClient, info: schema.SandboxInfo) -> None:
+        super().__init__(info)
+        self._client = client
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.delete()
+
+    # --- lifecycle ---
+
+    async def refresh(self) -> schema.SandboxInfo:
+        self.info = await self._client._call(API.get_sandbox(self.id))
+        return self.info
+
+    async def wait_ready(self, timeout: float = 120.0) -> schema.SandboxInfo:
+        """Raises :class:`SandboxNotReady` if it failed, :class:`WaitTimeout` if still pending."""
+        self.info = await self._client._call(API.wait_sandbox(self.id, timeout))
+        return self.info
+
+    async def heartbeat(self) -> schema.SandboxInfo:
+        """Push the sandbox's expiry back."""
+        self.info = await self._client._call(API.heartbeat(self.id))
+        return self.info
+
+    async def delete(self) -> None:
+        await self._client.delete_sandbox(self.id)
+
+    # --- commands ---
+
+    async def exec(
+        self, command: str | Sequence[str], **options: Unpack[ExecOptions]
+    ) -> ExecResult:
+        """Run to completion. A string goes through ``/bin/sh -c``; a list is an argv."""
+        return await self._client._call(API.exec(self.id, exec_request(command, **options)))
+
+    async def submit(
+        self, command: str | Sequence[str], **options: Unpack[ExecOptions]
+    ) -> schema.JobAccepted:
+        """Start a job and return at once; follow it with :meth:`get_job` / ``wait_job``."""
+        return await self._client._call(API.submit(self.id, exec_request(command, **options)))
+
+    exec_async_job = submit  # the reference SDK's name
+
+    async def stream(
+        self, command: str | Sequence[str], **options: Unpack[ExecOptions]
+    ) -> AsyncIterator[ExecEvent]:
+        """``async for`` over output chunks, then one ``exit`` event with the job.
+
+        The command starts when iteration does.
+        """
+        response = await self._client._send(API.stream(self.id, exec_request(command, **options)))
+        async with contextlib.aclosing(response):
+            with wire_errors(f"streaming from sandbox {self.id}"):
+                async for line in response.aiter_lines():
+                    if line:
+                        yield parse_event(line)
+
+    async def get_job(self, job_id: str) -> ExecResult:
+        return await self._client.get_job(job_id)
+
+    async def start_process(
+        self, command: str | Sequence[str], **options: Unpack[ExecOptions]
+    ) -> schema.ProcessInfo:
+        """Start a long-lived background process (a server, a watcher)."""
+        return await self._client._call(
+            API.start_process(self.id, exec_request(command, **options))
+        )
+
+    async def list_processes(self) -> list[schema.ProcessInfo]:
+        return (await self._client._call(API.list_processes(self.id))).processes
+
+    async def get_process(self, process_id: str | int) -> schema.ProcessInfo:
+        return await self._client._call(API.get_process(self.id, process_id))
+
+    async def process_output(
+        self, process_id: str | int, stdout_offset: int = 0, stderr_offset: int = 0
+    ) -> ProcessOutputResult:
+        """Output past the given offsets; pass the returned offsets back to read on."""
+        return await self._client._call(
+            API.process_output(self.id, process_id, stdout_offset, stderr_offset)
+        )
+
+    async def kill_process(self, process_id: str | int) -> schema.ProcessInfo:
+        return await self._client._call(API.kill_process(self.id, process_id))
+
+    async def apply_patch(
+        self, patch: str, timeout: float = 60.0, cwd: str | None = None
+    ) -> schema.PatchResponse:
+        request = schema.PatchRequest(patch=patch, timeout_seconds=timeout, cwd=cwd)
+        return await self._client._call(API.apply_patch(self.id, request))
+
+    async def pty(self, command: str = "bash", cols: int = 80, rows: int = 24) -> AsyncPtySession:
+        """An open terminal; close it (or ``async with`` it) in the task that opened it."""
+        path, params = API.pty(self.id, command, cols, rows)
+        return await AsyncPtySession.open(self._client._http, path, params)
+
+    # --- files ---
+
+    async def upload_content(
+        self, data: bytes | str, path: str, mode: int | None = None
+    ) -> schema.FileWriteResult:
+        """Write a small file in one JSON request; use :meth:`upload_file` for big ones."""
+        return await self._client._call(API.upload(self.id, path, data, mode))
+
+    async def upload_file(
+        self,
+        source: str | os.PathLike[str] | AsyncIterable[bytes],
+        path: str,
+        mode: int | None = None,
+    ) -> schema.FileWriteResult:
+        """Stream a local file (or an async iterable of byte chunks) to ``path``."""
+        if isinstance(source, str | os.PathLike):
+            local = Path(source)
+            return await self._client._call(
+                API.upload_raw(self.id, path, mode, replayable=True), lambda: _aiter_file(local)
+            )
+        chunks = source
+        return await self._client._call(
+            API.upload_raw(self.id, path, mode, replayable=False), lambda: chunks
+        )
+
+    async def download_content(self, path: str) -> bytes:
+        response = await self._client._send(API.download_raw(self.id, path))
+        async with contextlib.aclosing(response):
+            with wire_errors(f"downloading {path} from sandbox {self.id}"):
+                return await response.aread()
+
+    async def download_file(self, path: str, local_path: str | os.PathLike[str]) -> int:
+        """Stream ``path`` to ``local_path`` (via ``<local_path>.part``); returns the byte count."""
+        target = anyio.Path(local_path)
+        partial = target.with_name(target.name + ".part")
+        response = await self._client._send(API.download_raw(self.id, path))
+        size = 0
+        try:
+            async with contextlib.aclosing(response), await partial.open("wb") as out:
+                with wire_errors(f"downloading {path}"):
+                    async for chunk in response.aiter_bytes(CHUNK_SIZE):
+                        await out.write(chunk)
+                        size += len(chunk)
+            await partial.replace(target)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await partial.unlink(missing_ok=True)
+            raise
+        return size
+
+    async def list_files(self, path: str = ".") -> schema.FileList:
+        return await self._client._call(API.list_files(self.id, path))
+
+    async def mkdir(self, path: str) -> None:
+        await self._client._call(API.mkdir(self.id, path))
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        await self._client._call(API.remove(self.id, path, recursive))
+
+
+async def _aiter_file(path: Path) -> AsyncIterator[bytes]:
+    async with await anyio.open_file(path, "rb") as f:
+        while chunk := await f.read(CHUNK_SIZE):
+            yield chunk
+
+
+class AsyncPtySession:
+    """Async twin of :class:`PtySession`; get one from :meth:`AsyncSandbox.pty`."""
+
+    def __init__(self, ws: AsyncWebSocketSession, stack: contextlib.AsyncExitStack) -> None:
+        self.exit_code: int | None = None
+        self._done = False
+        self._ws = ws
+        self._stack = stack
+
+    @classmethod
+    async def open(
+        cls, http: httpx.AsyncClient, path: str, params: dict[str, str | int]
+    ) -> AsyncPtySession:
+        stack = contextlib.AsyncExitStack()
+        try:
+            ws: AsyncWebSocketSession = await stack.enter_async_context(
+                aconnect_ws(path, http, params=params)
+            )
+        except WebSocketUpgradeError as exc:
+            raise pty_refused(exc.response) from None
+        except httpx.TransportError as exc:
+            raise errors.TransportError(f"opening terminal: {exc}") from exc
+        return cls(ws, stack)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def send(self, data: bytes) -> None:
+        await self._ws.send_bytes(data)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await self._ws.send_text(pty_resize_message(cols, rows))
+
+    async def recv(self, timeout: float | None = None) -> bytes:
+        """The next chunk of output; ``b""`` once the command exited (see ``exit_code``)."""
+        while not self._done:
+            try:
+                event = await self._ws.receive(timeout)
+            except WebSocketDisconnect:
+                self._done = True
+            except WebSocketNetworkError as exc:
+                raise errors.TransportError("terminal connection lost") from exc
+            else:
+                if isinstance(event, wsproto.events.BytesMessage):
+                    return bytes(event.data)
+                if isinstance(event, wsproto.events.TextMessage):
+                    self.exit_code = pty_exit_code(event.data)
+                    self._done = self.exit_code is not None
+        return b""
+
+    async def close(self) -> None:
+        await self._stack.aclose()

@@ -1,0 +1,405 @@
+"""The blocking client: :class:`SandboxClient` and its :class:`Sandbox` handles.
+
+Example::
+
+    with SandboxClient() as client, client.create_sandbox() as sb:
+        r = sb.exec("python3 -c 'print(6*7)'")
+        assert r.stdout == "42\\n" and r.exit_code == 0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self, TypeVar, Unpack
+
+import httpx
+import wsproto.events
+from httpx_ws import (
+    WebSocketDisconnect,
+    WebSocketNetworkError,
+    WebSocketSession,
+    WebSocketUpgradeError,
+    connect_ws,
+)
+
+from orchard.env import schema
+from orchard.env.client import errors
+from orchard.env.client.base import (
+    API,
+    CHUNK_SIZE,
+    BaseClient,
+    Call,
+    ExecEvent,
+    ExecOptions,
+    ExecResult,
+    ProcessOutputResult,
+    RetryPolicy,
+    SandboxBase,
+    exec_request,
+    log,
+    parse_event,
+    pty_exit_code,
+    pty_refused,
+    pty_resize_message,
+    wire_errors,
+)
+
+T = TypeVar("T")
+
+
+class SandboxClient(BaseClient):
+    """Talks to an Orchard orchestrator; deletes the sandboxes it created when closed.
+
+    ``base_url`` and ``api_key`` default to ``ORCHARD_URL`` and ``ORCHARD_API_KEY``.
+    ``SandboxClient.local()`` starts a private orchestrator in this process instead.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        cleanup_on_close: bool = True,
+    ) -> None:
+        super().__init__(
+            base_url,
+            api_key=api_key,
+            timeout=timeout,
+            retry=retry,
+            cleanup_on_close=cleanup_on_close,
+        )
+        self._http = httpx.Client(**self._http_options())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.cleanup_all()
+        finally:
+            self._http.close()
+            self._release()
+
+    def _send(self, call: Call[Any], content: Callable[[], Any] | None = None) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                request = self._request(self._http, call, content() if content else None)
+                response = self._http.send(request, stream=call.stream)
+                if call.stream and response.is_error:
+                    response.read()  # a small JSON error body: its detail goes in the exception
+            except httpx.TransportError as exc:
+                delay = self._delay_after_error(call, attempt, exc)
+            else:
+                if not response.is_error:
+                    return response
+                delay = self._delay_after_response(call, attempt, response)
+            attempt += 1
+            time.sleep(delay)
+
+    def _call(self, call: Call[T], content: Callable[[], Any] | None = None) -> T:
+        return call.parse(self._send(call, content))
+
+    # --- sandboxes ---
+
+    def create_sandbox(
+        self,
+        image: str = "host",
+        *,
+        block_network: bool = True,
+        sandbox_id: str | None = None,
+        cpu: str | None = None,
+        memory: str | None = None,
+        pids: int | None = None,
+        timeout: float | None = None,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        wait_timeout: float = 120.0,
+    ) -> Sandbox:
+        """Create a sandbox and, unless ``wait=False``, wait until it can run commands."""
+        request = schema.CreateSandboxRequest(
+            image=image, block_network=block_network, sandbox_id=sandbox_id, cpu=cpu,
+            memory=memory, pids=pids, timeout=timeout, labels=dict(labels or {}),
+            env=dict(env or {}),
+        )  # fmt: skip
+        sandbox = Sandbox(self, self._call(API.create_sandbox(request)))
+        self._remember(sandbox.id)
+        if wait:
+            try:
+                sandbox.wait_ready(wait_timeout)
+            except errors.OrchardError:
+                self._discard(sandbox.id)  # the caller gets no handle to delete it with
+                raise
+        return sandbox
+
+    def get_sandbox(self, sandbox_id: str) -> Sandbox:
+        return Sandbox(self, self._call(API.get_sandbox(sandbox_id)))
+
+    def list_sandboxes(self, labels: Mapping[str, str] | None = None) -> list[schema.SandboxInfo]:
+        """All sandboxes, or those carrying every one of ``labels``."""
+        return self._call(API.list_sandboxes(labels)).sandboxes
+
+    def delete_sandbox(self, sandbox_id: str) -> schema.DeleteResponse:
+        result = self._call(API.delete_sandbox(sandbox_id))
+        self._forget(sandbox_id)
+        return result
+
+    def _discard(self, sandbox_id: str) -> None:
+        try:
+            self.delete_sandbox(sandbox_id)
+        except errors.OrchardError as exc:
+            log.warning("orchard: could not delete sandbox %s: %s", sandbox_id, exc)
+
+    def cleanup_all(self) -> None:
+        """Delete every sandbox this client created and has not deleted yet (best effort)."""
+        for sandbox_id in list(self._created):
+            self._discard(sandbox_id)
+
+    # --- service ---
+
+    def health(self) -> schema.Health:
+        return self._call(API.health())
+
+    def resources(self) -> schema.Resources:
+        return self._call(API.resources())
+
+    def get_job(self, job_id: str) -> ExecResult:
+        return self._call(API.get_job(job_id))
+
+    def wait_job(self, job_id: str, timeout: float = 60.0) -> ExecResult:
+        """The job once finished, or as it is after ``timeout`` (check ``.finished``)."""
+        return self._call(API.wait_job(job_id, timeout))
+
+
+class Sandbox(SandboxBase):
+    """A handle on one sandbox; ``with`` deletes the sandbox on exit."""
+
+    def __init__(self, client: SandboxClient, info: schema.SandboxInfo) -> None:
+        super().__init__(info)
+        self._client = client
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.delete()
+
+    # --- lifecycle ---
+
+    def refresh(self) -> schema.SandboxInfo:
+        self.info = self._client._call(API.get_sandbox(self.id))
+        return self.info
+
+    def wait_ready(self, timeout: float = 120.0) -> schema.SandboxInfo:
+        """Raises :class:`SandboxNotReady` if it failed, :class:`WaitTimeout` if still pending."""
+        self.info = self._client._call(API.wait_sandbox(self.id, timeout))
+        return self.info
+
+    def heartbeat(self) -> schema.SandboxInfo:
+        """Push the sandbox's expiry back."""
+        self.info = self._client._call(API.heartbeat(self.id))
+        return self.info
+
+    def delete(self) -> None:
+        self._client.delete_sandbox(self.id)
+
+    # --- commands ---
+
+    def exec(self, command: str | Sequence[str], **options: Unpack[ExecOptions]) -> ExecResult:
+        """Run to completion. A string goes through ``/bin/sh -c``; a list is an argv."""
+        return self._client._call(API.exec(self.id, exec_request(command, **options)))
+
+    def submit(
+        self, command: str | Sequence[str], **options: Unpack[ExecOptions]
+    ) -> schema.JobAccepted:
+        """Start a job and return at once; follow it with :meth:`get_job` / ``wait_job``."""
+        return self._client._call(API.submit(self.id, exec_request(command, **options)))
+
+    exec_async_job = submit  # the reference SDK's name
+
+    def stream(
+        self, command: str | Sequence[str], **options: Unpack[ExecOptions]
+    ) -> Iterator[ExecEvent]:
+        """Output chunks as they come, then one ``exit`` event with the job.
+
+        The command starts when iteration does.
+        """
+        response = self._client._send(API.stream(self.id, exec_request(command, **options)))
+        with contextlib.closing(response), wire_errors(f"streaming from sandbox {self.id}"):
+            for line in response.iter_lines():
+                if line:
+                    yield parse_event(line)
+
+    def get_job(self, job_id: str) -> ExecResult:
+        return self._client.get_job(job_id)
+
+    def start_process(
+        self, command: str | Sequence[str], **options: Unpack[ExecOptions]
+    ) -> schema.ProcessInfo:
+        """Start a long-lived background process (a server, a watcher)."""
+        return self._client._call(API.start_process(self.id, exec_request(command, **options)))
+
+    def list_processes(self) -> list[schema.ProcessInfo]:
+        return self._client._call(API.list_processes(self.id)).processes
+
+    def get_process(self, process_id: str | int) -> schema.ProcessInfo:
+        return self._client._call(API.get_process(self.id, process_id))
+
+    def process_output(
+        self, process_id: str | int, stdout_offset: int = 0, stderr_offset: int = 0
+    ) -> ProcessOutputResult:
+        """Output past the given offsets; pass the returned offsets back to read on."""
+        return self._client._call(
+            API.process_output(self.id, process_id, stdout_offset, stderr_offset)
+        )
+
+    def kill_process(self, process_id: str | int) -> schema.ProcessInfo:
+        return self._client._call(API.kill_process(self.id, process_id))
+
+    def apply_patch(
+        self, patch: str, timeout: float = 60.0, cwd: str | None = None
+    ) -> schema.PatchResponse:
+        request = schema.PatchRequest(patch=patch, timeout_seconds=timeout, cwd=cwd)
+        return self._client._call(API.apply_patch(self.id, request))
+
+    def pty(self, command: str = "bash", cols: int = 80, rows: int = 24) -> PtySession:
+        path, params = API.pty(self.id, command, cols, rows)
+        return PtySession(self._client._http, path, params)
+
+    # --- files ---
+
+    def upload_content(
+        self, data: bytes | str, path: str, mode: int | None = None
+    ) -> schema.FileWriteResult:
+        """Write a small file in one JSON request; use :meth:`upload_file` for big ones."""
+        return self._client._call(API.upload(self.id, path, data, mode))
+
+    def upload_file(
+        self,
+        source: str | os.PathLike[str] | Iterable[bytes],
+        path: str,
+        mode: int | None = None,
+    ) -> schema.FileWriteResult:
+        """Stream a local file (or any iterable of byte chunks) to ``path`` in the sandbox."""
+        if isinstance(source, str | os.PathLike):
+            local = Path(source)
+            return self._client._call(
+                API.upload_raw(self.id, path, mode, replayable=True), lambda: _iter_file(local)
+            )
+        chunks = source
+        return self._client._call(
+            API.upload_raw(self.id, path, mode, replayable=False), lambda: chunks
+        )
+
+    def download_content(self, path: str) -> bytes:
+        response = self._client._send(API.download_raw(self.id, path))
+        with (
+            contextlib.closing(response),
+            wire_errors(f"downloading {path} from sandbox {self.id}"),
+        ):
+            return response.read()
+
+    def download_file(self, path: str, local_path: str | os.PathLike[str]) -> int:
+        """Stream ``path`` to ``local_path``; returns the byte count.
+
+        The data lands in ``<local_path>.part`` first, so a failed download leaves no
+        truncated file under the real name.
+        """
+        target = Path(local_path)
+        partial = target.with_name(target.name + ".part")
+        response = self._client._send(API.download_raw(self.id, path))
+        size = 0
+        try:
+            with (
+                contextlib.closing(response),
+                partial.open("wb") as out,
+                wire_errors(f"downloading {path}"),
+            ):
+                for chunk in response.iter_bytes(CHUNK_SIZE):
+                    out.write(chunk)
+                    size += len(chunk)
+            partial.replace(target)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        return size
+
+    def list_files(self, path: str = ".") -> schema.FileList:
+        return self._client._call(API.list_files(self.id, path))
+
+    def mkdir(self, path: str) -> None:
+        self._client._call(API.mkdir(self.id, path))
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        self._client._call(API.remove(self.id, path, recursive))
+
+
+def _iter_file(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK_SIZE):
+            yield chunk
+
+
+class PtySession:
+    """An interactive terminal: :meth:`send` keystrokes, :meth:`recv` what the screen shows."""
+
+    def __init__(self, http: httpx.Client, path: str, params: dict[str, str | int]) -> None:
+        self.exit_code: int | None = None
+        self._done = False
+        self._stack = contextlib.ExitStack()
+        try:
+            self._ws: WebSocketSession = self._stack.enter_context(
+                connect_ws(path, http, params=params)
+            )
+        except WebSocketUpgradeError as exc:
+            raise pty_refused(exc.response) from None
+        except httpx.TransportError as exc:
+            raise errors.TransportError(f"opening terminal: {exc}") from exc
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def send(self, data: bytes) -> None:
+        self._ws.send_bytes(data)
+
+    def resize(self, cols: int, rows: int) -> None:
+        self._ws.send_text(pty_resize_message(cols, rows))
+
+    def recv(self, timeout: float | None = None) -> bytes:
+        """The next chunk of output; ``b""`` once the command exited (see ``exit_code``).
+
+        Raises :class:`TimeoutError` if nothing came within ``timeout`` seconds.
+        """
+        while not self._done:
+            try:
+                event = self._ws.receive(timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no terminal output within {timeout} s") from None
+            except WebSocketDisconnect:
+                self._done = True
+            except WebSocketNetworkError as exc:
+                raise errors.TransportError("terminal connection lost") from exc
+            else:
+                if isinstance(event, wsproto.events.BytesMessage):
+                    return bytes(event.data)
+                if isinstance(event, wsproto.events.TextMessage):
+                    self.exit_code = pty_exit_code(event.data)
+                    self._done = self.exit_code is not None
+        return b""
+
+    def close(self) -> None:
+        self._stack.close()

@@ -1,0 +1,69 @@
+"""Shared fixtures: a real embedded orchestrator on loopback, with real sandboxes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchard.env.server import EmbeddedOrchestrator
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("bwrap") is None,
+    reason="needs root and bubblewrap (CI runs as root: `make test` installs bubblewrap)",
+)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("orchard-data")
+
+
+@pytest.fixture(scope="session")
+def orchestrator(data_dir: Path) -> Iterator[str]:
+    """Base URL of one orchestrator shared by the session (the bundle builds once)."""
+    with EmbeddedOrchestrator(data_dir=data_dir, reconcile_interval=0.5) as url:
+        yield url
+
+
+@pytest.fixture()
+def http(orchestrator: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=orchestrator, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture()
+def sandbox(http: httpx.Client) -> Iterator[str]:
+    """A ready 'host' sandbox id, deleted afterwards."""
+    sid = create_ready(http, {"image": "host"})
+    yield sid
+    http.delete(f"/sandboxes/{sid}")
+
+
+def create_ready(http: httpx.Client, body: dict, timeout: float = 60) -> str:
+    r = http.post("/sandboxes", json=body)
+    assert r.status_code == 200, r.text
+    sid = r.json()["sandbox_id"]
+    r = http.get(f"/sandboxes/{sid}/wait", params={"timeout": timeout})
+    assert r.status_code == 200, r.text
+    return sid
+
+
+def run(http: httpx.Client, sid: str, **body: object) -> dict:
+    r = http.post(f"/sandboxes/{sid}/exec", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
