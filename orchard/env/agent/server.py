@@ -163,6 +163,55 @@ def _argv(req):
     return req.get("argv")
 
 
+# Orphaned descendants of commands are re-parented to the agent (a child subreaper), not to
+# the sandbox's pid 1, which may not reap. The agent reaps every zombie child it did not
+# spawn itself; the ones it spawned are left to their Popen.wait().
+_TRACKED = set()
+_SPAWN_LOCK = threading.Lock()
+_ORPHANS = threading.Event()
+
+
+def _tracked(*args, **kwargs):
+    with _SPAWN_LOCK:
+        proc = subprocess.Popen(*args, **kwargs)
+        _TRACKED.add(proc.pid)
+    return proc
+
+
+def _wait(proc):
+    code = proc.wait()
+    _TRACKED.discard(proc.pid)
+    return _exit_code(code)
+
+
+def _reap_orphans():
+    me = str(os.getpid()).encode()
+    while True:
+        _ORPHANS.wait()
+        _ORPHANS.clear()
+        with _SPAWN_LOCK:
+            for name in os.listdir("/proc"):
+                if not name.isdigit() or int(name) in _TRACKED:
+                    continue
+                try:
+                    with open(f"/proc/{name}/stat", "rb") as f:
+                        stat = f.read()
+                except OSError:
+                    continue
+                fields = stat[stat.rindex(b")") + 2 :].split()
+                if fields[0] == b"Z" and fields[1] == me:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(int(name), os.WNOHANG)
+
+
+def _become_subreaper():
+    import ctypes
+
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    signal.signal(signal.SIGCHLD, lambda *_: _ORPHANS.set())
+    threading.Thread(target=_reap_orphans, daemon=True).start()
+
+
 def _spawn(req, exec_id):
     argv = _argv(req)
     if not argv or not all(isinstance(a, str) for a in argv):
@@ -175,7 +224,7 @@ def _spawn(req, exec_id):
     env[MARKER] = exec_id
     stdin = subprocess.PIPE if req.get("stdin_b64") else subprocess.DEVNULL
     try:
-        return subprocess.Popen(
+        return _tracked(
             argv, cwd=cwd, env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, close_fds=True,
         )
@@ -256,11 +305,11 @@ def run_exec(req, emit=None):
     sel.close()
     if timed_out or grace_end is not None:
         kill_tree(proc.pid, exec_id)
-    code = proc.wait()
+    code = _wait(proc)
     for f in (proc.stdout, proc.stderr, proc.stdin):
         if f is not None and not f.closed:
             f.close()
-    result = {"exit_code": 124 if timed_out else _exit_code(code), "timed_out": timed_out,
+    result = {"exit_code": 124 if timed_out else code, "timed_out": timed_out,
               "started_at": started, "completed_at": _now()}
     for _fd, (name, buf) in outs.items():
         _text_or_b64(buf.value(), name, result)
@@ -306,10 +355,10 @@ class BackgroundProcess:
                         del buf[:extra]
                         self.base[names[key.fd]] += extra
         sel.close()
-        code = self.proc.wait()
+        code = _wait(self.proc)
         self.proc.stdout.close()
         self.proc.stderr.close()
-        self.exit_code = _exit_code(code)
+        self.exit_code = code
 
     def info(self):
         return {"process_id": self.id, "command": self.command, "pid": self.proc.pid,
@@ -471,6 +520,7 @@ class Conn:
         self.sock = sock
         self.rfile = sock.makefile("rb", buffering=CHUNK)
         self.token = token
+        self.body_done = True
 
     def send(self, status, body=b"", ctype="application/json", headers=()):
         head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
@@ -497,6 +547,7 @@ class Conn:
                 size = int(self.rfile.readline().split(b";")[0], 16)
                 if size == 0:
                     self.rfile.readline()
+                    self.body_done = True
                     return
                 remaining = size
                 while remaining:
@@ -513,6 +564,7 @@ class Conn:
                 raise HTTPError(400, "request body ended early")
             remaining -= len(data)
             yield data
+        self.body_done = True
 
     def json_body(self, headers):
         raw = b"".join(self.body_chunks(headers))
@@ -550,6 +602,8 @@ class Conn:
                 break
             k, _, v = h.decode("latin-1").partition(":")
             headers[k.strip().lower()] = v.strip()
+        self.body_done = (headers.get("transfer-encoding", "").lower() != "chunked"
+                          and headers.get("content-length", "0").strip() in ("", "0"))
         url = urlsplit(target)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         path = unquote(url.path)
@@ -560,10 +614,20 @@ class Conn:
                 raise HTTPError(401, "missing or wrong X-Agent-Token")
             return route(self, method, path, query, headers) is not False
         except HTTPError as e:
-            self.send_json({"detail": e.detail}, e.status)
+            return self.send_error(e.status, e.detail)
         except Exception as e:  # noqa: BLE001 - report, never kill the agent
-            self.send_json({"detail": f"agent error: {type(e).__name__}: {e}"}, 500)
+            return self.send_error(500, f"agent error: {type(e).__name__}: {e}")
         return True
+
+    def send_error(self, status, detail):
+        """Answer an error; True keeps the connection. An unread request body would be parsed
+        as the next request on this keep-alive connection, so then answer and close."""
+        body = json.dumps({"detail": detail}, separators=(",", ":")).encode()
+        if self.body_done:
+            self.send(status, body)
+            return True
+        self.send(status, body, headers=("Connection: close",))
+        return False
 
 
 def _proc_or_404(pid):
@@ -726,7 +790,7 @@ def run_pty(c, query):
         if not data:
             break
         frame(0, data)
-    code = _exit_code(proc.wait())
+    code = _wait(proc)
     os.close(master)
     frame(2, str(code).encode())
 
@@ -739,7 +803,7 @@ def _spawn_pty(req, exec_id, slave):
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     try:
-        return subprocess.Popen(
+        return _tracked(
             req["argv"], env={**os.environ, **req["env"], MARKER: exec_id},
             cwd=WORKDIR if os.path.isdir(WORKDIR) else "/", stdin=slave, stdout=slave,
             stderr=slave, start_new_session=True, preexec_fn=make_controlling_tty,
@@ -793,6 +857,7 @@ def main(argv):
     for s in socks:
         s.listen(512)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    _become_subreaper()
     if ready_fd is not None:
         os.write(ready_fd, b"ready\n")
         os.close(ready_fd)

@@ -2,7 +2,11 @@
 
 Launch chain, per sandbox (all processes land in the sandbox's cgroups before anything runs):
 
-    unshare --mount  ->  sh launch.sh (join cgroups, mount overlay)  ->  bwrap  ->  agent
+    unshare --mount  ->  sh launch.sh (join cgroups, mount overlay)  ->  bwrap  ->  holder
+
+The holder is bwrap's sandboxed child, parked on ``--block-fd`` forever: it only keeps the
+namespaces alive. The agent is forked by the zygote (see ``zygote.py``) straight into the
+holder's cgroups, namespaces and root, sharing the zygote's pre-loaded pages.
 
 The overlay is mounted inside the sandbox's own mount namespace, so it disappears with the
 sandbox's last process: killing the cgroup is a complete teardown even after the orchestrator
@@ -14,13 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec
-from orchard.env.backends.local.bundle import BUNDLE_MOUNT, agent_command, ensure_bundle
+from orchard.env.backends.local import zygote
+from orchard.env.backends.local.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from orchard.env.backends.local.seccomp import write_filter
@@ -84,6 +91,26 @@ class LocalBackend:
         self.host_skeleton = self._make_host_skeleton(data_dir / "host-skeleton")
         self.empty_dir = data_dir / "empty"
         self.empty_dir.mkdir(exist_ok=True)
+        self.zygote_socket = data_dir / "zygote.sock"
+        self._zygote, self._lifeline = self._start_zygote()
+
+    def _start_zygote(self) -> tuple[subprocess.Popen[bytes], int]:
+        """The fork-server; it exits when our end of the lifeline pipe closes."""
+        lifeline_r, lifeline_w = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", zygote.__file__, str(self.zygote_socket),
+             str(self.seccomp_path), str(lifeline_r)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=open(self.data_dir / "zygote.log", "ab"),  # noqa: SIM115 - child keeps it
+            pass_fds=(lifeline_r,), env={"PATH": USER_PATH}, start_new_session=True,
+        )
+        os.close(lifeline_r)
+        assert proc.stdout is not None
+        if proc.stdout.readline() != b"ready\n":
+            raise BackendError(f"the agent fork-server failed to start; see "
+                               f"{self.data_dir / 'zygote.log'}")
+        proc.stdout.close()
+        return proc, lifeline_w
 
     @staticmethod
     def _make_host_skeleton(path: Path) -> Path:
@@ -132,25 +159,26 @@ class LocalBackend:
         except (ValueError, CgroupError) as e:
             shutil.rmtree(sdir, ignore_errors=True)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
-        read_fd, write_fd = os.pipe()
+        # The holder blocks reading this pipe; it also inherits the write end, so the read
+        # can never see EOF, whoever else dies.
+        block_r, block_w = os.pipe()
         try:
             with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
-                argv = self._launch_argv(spec, image, sdir, bpf.fileno(), write_fd)
+                argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r)
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    pass_fds=(bpf.fileno(), write_fd), start_new_session=True,
+                    pass_fds=(bpf.fileno(), block_r, block_w), start_new_session=True,
                     env={"PATH": USER_PATH},
                 )
-            os.close(write_fd)
-            write_fd = -1
-            await self._await_ready(spec.sandbox_id, read_fd, proc)
+            self._launchers[spec.sandbox_id] = proc
+            holder = await self._await_holder(spec.sandbox_id, proc)
+            await self._fork_agent(spec, holder)
         except BaseException:
-            if write_fd >= 0:
-                os.close(write_fd)
             await self.delete(spec.sandbox_id)
             raise
         finally:
-            os.close(read_fd)
+            os.close(block_r)
+            os.close(block_w)
         return SandboxHandle(
             sandbox_id=spec.sandbox_id,
             address=f"unix:{self.socket_path(spec.sandbox_id)}",
@@ -159,7 +187,7 @@ class LocalBackend:
         )
 
     def _launch_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
-                     seccomp_fd: int, ready_fd: int) -> list[str]:
+                     seccomp_fd: int, block_fd: int) -> list[str]:
         lower = self.host_skeleton if image.kind == "host" else image.rootfs
         procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
         bwrap = ["bwrap", "--bind", str(sdir / "root"), "/", "--proc", "/proc", "--dev", "/dev"]
@@ -188,47 +216,59 @@ class LocalBackend:
             bwrap.append("--unshare-net")
         if self.die_with_orchestrator:
             bwrap.append("--die-with-parent")
-        for key, value in spec.env.items():
-            bwrap += ["--setenv", key, value]
-        agent = [*agent_command(), "--unix", f"{CTL_MOUNT}/{SOCKET_NAME}",
-                 "--ready-fd", str(ready_fd)]
+        # The holder never gets past --block-fd, so the command is never run.
+        bwrap += ["--block-fd", str(block_fd), "--", "/.orchard/never-run"]
         return [
             "unshare", "--mount", "--propagation", "private", "--", "/bin/sh",
             str(self.launch_sh), str(lower), str(sdir / "upper"), str(sdir / "work"),
-            str(sdir / "root"), str(len(procs)), *procs, *bwrap, "--", *agent,
+            str(sdir / "root"), str(len(procs)), *procs, *bwrap,
         ]
 
-    async def _await_ready(self, sandbox_id: str, read_fd: int,
-                          proc: subprocess.Popen[bytes]) -> None:
+    def _agent_env(self, spec: SandboxSpec) -> dict[str, str]:
+        return {"PATH": USER_PATH, "HOME": "/root", "LANG": "C.UTF-8",
+                "HOSTNAME": spec.sandbox_id[:63], **spec.env}
+
+    async def _await_holder(self, sandbox_id: str, launcher: subprocess.Popen[bytes]) -> int:
+        """Host pid of bwrap's sandboxed child, once its set-up is complete. bwrap drops the
+        child's capabilities only after the last mount and the chroot, so an empty effective
+        set means the namespaces are final (it then parks on --block-fd)."""
         loop = asyncio.get_running_loop()
-        ready: asyncio.Future[bytes] = loop.create_future()
+        deadline = loop.time() + self.ready_timeout
+        delay = 0.0005
+        while loop.time() < deadline:
+            if launcher.poll() is not None:
+                log = (self._dir(sandbox_id) / "launch.log").read_text(errors="replace")
+                raise BackendError(f"sandbox {sandbox_id} failed to start (launcher exit "
+                                   f"{launcher.returncode}): {log.strip()[-2000:]}")
+            holder = _children(launcher.pid)
+            if holder and _capabilities_dropped(holder[0]):
+                return holder[0]
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        raise BackendError(f"sandbox {sandbox_id}: not set up after {self.ready_timeout:.0f}s; "
+                           f"see {self._dir(sandbox_id) / 'launch.log'}")
 
-        def on_readable() -> None:
-            if not ready.done():
-                try:
-                    ready.set_result(os.read(read_fd, 64))
-                except OSError as e:
-                    ready.set_exception(e)
-
-        loop.add_reader(read_fd, on_readable)
+    async def _fork_agent(self, spec: SandboxSpec, holder: int) -> None:
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        request = {
+            "holder": holder, "env": self._agent_env(spec),
+            "procs": [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)],
+            "socket": f"{CTL_MOUNT}/{SOCKET_NAME}",
+            "path": [f"{BUNDLE_MOUNT}/lib/{version}", f"{BUNDLE_MOUNT}/lib/{version}/lib-dynload"],
+        }
         try:
-            line = await asyncio.wait_for(ready, self.ready_timeout)
-        except TimeoutError:
-            raise BackendError(
-                f"sandbox {sandbox_id}: agent not ready after {self.ready_timeout:.0f}s; "
-                f"see {self._dir(sandbox_id) / 'launch.log'}"
-            ) from None
-        finally:
-            loop.remove_reader(read_fd)
-        if line != b"ready\n":
-            code = proc.poll()
-            log = (self._dir(sandbox_id) / "launch.log").read_text(errors="replace")[-2000:]
-            raise BackendError(
-                f"sandbox {sandbox_id} failed to start (launcher exit {code}): {log.strip()}"
-            )
-        # The launcher is the sandbox's outermost process and our child: keep it to reap it
-        # on delete (or when the reconcile pass finds it dead), so no zombie lingers.
-        self._launchers[sandbox_id] = proc
+            reader, writer = await asyncio.open_unix_connection(str(self.zygote_socket))
+            writer.write(json.dumps(request).encode() + b"\n")
+            await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), self.ready_timeout)
+            writer.close()
+        except (OSError, TimeoutError) as e:
+            raise BackendError(f"sandbox {spec.sandbox_id}: the agent fork-server did not "
+                               f"answer ({e!r}); see {self.data_dir / 'zygote.log'}") from None
+        reply = json.loads(line or b'{"error": "no reply"}')
+        if "error" in reply:
+            raise BackendError(f"sandbox {spec.sandbox_id}: agent failed to start: "
+                               f"{reply['error']}")
 
     # --- delete / list / adopt -------------------------------------------------------------
 
@@ -264,4 +304,22 @@ class LocalBackend:
         return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}")
 
     async def close(self) -> None:
-        return None
+        os.close(self._lifeline)
+        await asyncio.to_thread(self._zygote.wait)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _capabilities_dropped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("CapEff:") and int(line.split()[1], 16) == 0
+                       for line in f)
+    except OSError:
+        return False
