@@ -30,7 +30,7 @@ demo: setup
 	$(PY) -m orchard.env.demo
 
 lint: setup
-	$(VENV)/bin/ruff check orchard tests bench
+	$(VENV)/bin/ruff check .
 
 test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -216,7 +216,9 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
         if req.stream:
             events = await service.exec_stream(sid, req)
             return StreamingResponse(events, media_type="application/x-ndjson")
-        return await service.exec(sid, req)
+        # The hot path: serialise once, skipping FastAPI's re-validation of the return value.
+        result = await service.exec(sid, req)
+        return Response(result.model_dump_json(), media_type="application/json")
 
     @app.get("/jobs/{job_id}", response_model=Job, dependencies=secured, responses=ERRORS)
     async def get_job(job_id: str) -> Job:

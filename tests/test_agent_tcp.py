@@ -1,0 +1,77 @@
+"""The agent protocol over TCP (what the Kubernetes backend dials at Pod IPs), with a token."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchard.env.agent import server as agent_module
+from orchard.env.agent.client import AgentClient, AgentError, AgentUnreachable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def tcp_agent(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    token = "s3cret-token"
+    (tmp_path / "token").write_text(token + "\n")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-B", agent_module.__file__, "--tcp", f"127.0.0.1:{port}",
+         "--token-file", str(tmp_path / "token")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            break
+        except OSError:
+            time.sleep(0.02)
+    yield f"tcp:127.0.0.1:{port}", token
+    proc.kill()
+    proc.wait()
+
+
+async def test_exec_and_files_over_tcp(tcp_agent: tuple[str, str]) -> None:
+    address, token = tcp_agent
+    client = AgentClient(address, token=token)
+    try:
+        result = await client.exec({"argv": ["echo", "over tcp"], "cwd": "/"})
+        assert result["stdout"] == "over tcp\n" and result["exit_code"] == 0
+        health = await client.health()
+        assert health["status"] == "ok"
+    finally:
+        await client.close()
+
+
+async def test_wrong_token_is_refused(tcp_agent: tuple[str, str]) -> None:
+    address, _ = tcp_agent
+    for token in (None, "wrong"):
+        client = AgentClient(address, token=token)
+        try:
+            with pytest.raises(AgentError) as err:
+                await client.exec({"argv": ["true"], "cwd": "/"})
+            assert err.value.status == 401 and "X-Agent-Token" in err.value.detail
+        finally:
+            await client.close()
+
+
+async def test_unreachable_agent_says_so() -> None:
+    client = AgentClient(f"tcp:127.0.0.1:{_free_port()}")
+    try:
+        with pytest.raises(AgentUnreachable) as err:
+            await client.health()
+        assert "unreachable" in err.value.detail
+    finally:
+        await client.close()
