@@ -64,19 +64,29 @@ class BodyLimit:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await self._reject(send)
-        seen = 0
+        seen, exceeded, started = 0, False, False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
+                exceeded = True
                 raise TooLarge(self._detail())
             return message
 
-        try:
-            await self.app(scope, counted, send)
-        except TooLarge:
+        async def guarded(message: Message) -> None:
+            nonlocal started
+            # FastAPI turns any error while reading a body into "400 error parsing the body":
+            # once the limit is crossed, the app's own answer is dropped for our 413.
+            if exceeded and not started:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        with contextlib.suppress(TooLarge):
+            await self.app(scope, counted, guarded)
+        if exceeded and not started:
             await self._reject(send)
 
     def _detail(self) -> str:

@@ -7,6 +7,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import resource
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -34,6 +35,11 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
 def build_app(settings: Settings, delete_on_shutdown: bool = False) -> FastAPI:
     """The ASGI app; the service starts (re-adopting sandboxes) with the app's lifespan."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # Every live sandbox holds a keep-alive connection to its agent: a thousand sandboxes
+    # would exhaust the usual soft limit of 1024 descriptors.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     backend = make_backend(settings, embedded=delete_on_shutdown)
     store = SqliteStore(sqlite_path(settings.state_url()))
     service = SandboxService(backend, store, settings)
@@ -79,6 +85,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, backend: str = "local",
     if max_concurrent_creates is not None:
         options["max_concurrent_creates"] = max_concurrent_creates
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent call otherwise
     app = build_app(Settings(**options))
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=10)
