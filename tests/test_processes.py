@@ -125,8 +125,8 @@ def test_killing_one_process_spares_the_others(http: httpx.Client, sandbox: str)
 
 
 def test_process_exit_is_reported(http: httpx.Client, sandbox: str) -> None:
-    info = start(http, sandbox, argv=["sh", "-c", "echo bye; exit 9"])
-    pid = info["process_id"]
+    # It may already have exited when the start call returns: no `running` check here.
+    pid = run(http, sandbox, background=True, argv=["sh", "-c", "echo bye; exit 9"])["process_id"]
     assert wait_until(lambda: not get(http, sandbox, pid)["running"], timeout=10)
     assert get(http, sandbox, pid)["exit_code"] == 9
     out = http.get(f"/sandboxes/{sandbox}/processes/{pid}/output").json()

@@ -213,7 +213,10 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         if retry_after is not None:
-            return min(retry_after, self.max_retry_after)
+            # Clients turned away together were all told the same wait: at least that, spread
+            # over as much again, or they all return at once and are all turned away again.
+            wait = min(retry_after, self.max_retry_after)
+            return wait + random.uniform(0, wait)
         # Full jitter: clients that failed together must not all come back together.
         return random.uniform(0, min(self.max_backoff, self.backoff * 2**attempt))
 
