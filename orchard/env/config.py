@@ -1,4 +1,5 @@
-"""Orchestrator settings; every field is an `orchard serve` option or an ORCHARD_* variable."""
+"""Orchestrator settings: keyword arguments of `build_app` / `EmbeddedOrchestrator`; the common
+ones are also `orchard serve` options (API keys also come from ORCHARD_API_KEYS)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,9 @@ class CreateSandboxRequest(_Strict):
         min_length=1,
         max_length=4096,
     )
-    block_network: bool = Field(True, description="True: loopback only. False: outbound access.")
+    block_network: bool = Field(
+        True, description="True: a network namespace with loopback only. False: the HOST's "
+        "network, including its loopback services (see docs/guides/security.md).")
     sandbox_id: Annotated[str | None, Field(pattern=SANDBOX_ID_PATTERN)] = None
     cpu: str | None = Field(None, description="CPU limit in cores, e.g. '2' or '500m'.")
     memory: str | None = Field(None, description="Memory limit, e.g. '512Mi', '8Gi'.")
@@ -100,7 +102,9 @@ class DeleteResponse(BaseModel):
 
 
 class ExecRequest(_Strict):
-    command: str | None = Field(None, description="Shell command (run by /bin/sh -c).")
+    command: str | None = Field(
+        None, description="Shell command: run by /bin/bash -c when the image has bash, else "
+        "/bin/sh -c.")
     argv: list[str] | None = Field(None, min_length=1, description="Run without a shell.")
     timeout_seconds: float | None = Field(None, gt=0, le=24 * 3600)
     cwd: str | None = Field(None, max_length=4096)

@@ -348,6 +348,9 @@ class SandboxService:
         if req.background:
             try:
                 info = await agent.start_process(payload)
+            except AgentUnreachable as e:
+                raise Conflict(f"sandbox {sid} is not reachable ({e.detail}); it may have "
+                               "crashed: check GET /sandboxes/{id} and recreate it") from None
             except AgentError as e:
                 raise BadRequest(e.detail) from None
             return ProcessInfo(sandbox_id=sid, **{**info, "started_at": _utc(info["started_at"])})

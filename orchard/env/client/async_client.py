@@ -207,7 +207,7 @@ class AsyncSandbox(SandboxBase):
         return self.info
 
     async def heartbeat(self) -> schema.SandboxInfo:
-        """Push the sandbox's expiry back."""
+        """Report liveness: once a sandbox beats, missing beats for heartbeat_timeout reap it."""
         self.info = await self._client._call(API.heartbeat(self.id))
         return self.info
 
