@@ -1,17 +1,17 @@
 """The local backend: each sandbox is a bubblewrap namespace jail over a private overlay.
 
-One request to the zygote (``zygote.py``, a pre-loaded fork-server) starts a sandbox:
+Launch chain, per sandbox (all processes land in the sandbox's cgroups before anything runs):
 
-    zygote -> fork: join cgroups, private mount ns, mount the overlay, exec bwrap -> holder
-           -> fork: wait for the holder, enter its namespaces and root, fork -> agent
+    unshare --mount  ->  sh launch.sh (join cgroups, mount overlay)  ->  bwrap  ->  holder
 
 The holder is bwrap's sandboxed child, parked on ``--block-fd`` forever: it only keeps the
-namespaces alive. The agent shares the zygote's pre-loaded pages, so it starts in about a
-millisecond and costs a fraction of a fresh interpreter. The overlay is mounted in a mount
-namespace of the sandbox's own, so it disappears with the sandbox's last process: killing the
-cgroup is a complete teardown even after the orchestrator was SIGKILLed. All writes go to
-``<sandbox>/upper`` (the image is never modified), which a later snapshot/fork can freeze and
-reuse as a lower layer.
+namespaces alive. The agent is forked by the zygote (see ``zygote.py``) straight into the
+holder's cgroups, namespaces and root, sharing the zygote's pre-loaded pages.
+
+The overlay is mounted inside the sandbox's own mount namespace, so it disappears with the
+sandbox's last process: killing the cgroup is a complete teardown even after the orchestrator
+was SIGKILLed. All writes go to ``<sandbox>/upper`` (the image is never modified), which a later
+snapshot/fork can freeze and reuse as a lower layer.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec
@@ -42,6 +43,16 @@ USER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_VIEW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
 HOST_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
                 "/etc/sudoers", "/etc/ssl/private")
+_LAUNCH_SH = """\
+# usage: launch.sh LOWER UPPER WORK ROOT NPROCS PROCS_FILE... COMMAND...
+set -e
+lower=$1 upper=$2 work=$3 root=$4 n=$5; shift 5
+while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
+mount -t overlay orchard-overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
+exec "$@"
+"""
+
+
 class LocalBackend:
     """Sandboxes on this machine; needs root, bubblewrap, overlayfs and cgroups."""
 
@@ -54,9 +65,10 @@ class LocalBackend:
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
                 "`sudo orchard serve` or use the Kubernetes backend"
             )
-        if shutil.which("bwrap") is None:
-            raise BackendError("bubblewrap is not installed: run `apt-get install bubblewrap` "
-                               "(or `make setup`)")
+        for tool in ("bwrap", "unshare", "mount"):
+            if shutil.which(tool) is None:
+                raise BackendError(f"'{tool}' is not installed: run `apt-get install bubblewrap "
+                                   "util-linux mount` (or `make setup`)")
         if any(c in str(data_dir) for c in ",:"):
             raise BackendError(f"data dir {data_dir} must not contain ',' or ':' (overlayfs "
                                "option syntax); choose another --data-dir")
@@ -67,6 +79,7 @@ class LocalBackend:
         # An embedded orchestrator's sandboxes must not outlive its process (nobody could
         # re-adopt them); a standalone one's do, so a restart can re-adopt them.
         self.die_with_orchestrator = die_with_orchestrator
+        self._launchers: dict[str, subprocess.Popen[bytes]] = {}
         self.images = ImageStore(data_dir / "images")
         self.bundle = ensure_bundle(data_dir / "bundle")
         # One cgroup group per data dir: the orphan pass deletes every cgroup in its group
@@ -74,9 +87,14 @@ class LocalBackend:
         data_key = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
         self.cgroups = CgroupManager(f"orchard/{data_key}")
         self.seccomp_path = write_filter(data_dir / "seccomp.bpf")
+        self.launch_sh = data_dir / "launch.sh"
+        self.launch_sh.write_text(_LAUNCH_SH)
         self.host_skeleton = self._make_host_skeleton(data_dir / "host-skeleton")
         self.empty_dir = data_dir / "empty"
         self.empty_dir.mkdir(exist_ok=True)
+        # Teardown threads mostly sleep, waiting for killed processes to leave their cgroups;
+        # a pool of their own keeps them from starving the default executor (image unpacking).
+        self._teardown_pool = ThreadPoolExecutor(32, thread_name_prefix="orchard-teardown")
         self.zygote_socket = data_dir / "zygote.sock"
         self._zygote, self._lifeline = self._start_zygote()
 
@@ -145,11 +163,26 @@ class LocalBackend:
         except (ValueError, CgroupError) as e:
             shutil.rmtree(sdir, ignore_errors=True)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
+        # The holder blocks reading this pipe; it also inherits the write end, so the read
+        # can never see EOF, whoever else dies.
+        block_r, block_w = os.pipe()
         try:
-            await self._launch(spec, image, sdir)
+            with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
+                argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r)
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    pass_fds=(bpf.fileno(), block_r, block_w), start_new_session=True,
+                    env={"PATH": USER_PATH},
+                )
+            self._launchers[spec.sandbox_id] = proc
+            holder = await self._await_holder(spec.sandbox_id, proc)
+            await self._fork_agent(spec, holder)
         except BaseException:
             await self.delete(spec.sandbox_id)
             raise
+        finally:
+            os.close(block_r)
+            os.close(block_w)
         return SandboxHandle(
             sandbox_id=spec.sandbox_id,
             address=f"unix:{self.socket_path(spec.sandbox_id)}",
@@ -157,7 +190,10 @@ class LocalBackend:
                     for k, v in limits.items()},
         )
 
-    def _bwrap_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path) -> list[str]:
+    def _launch_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
+                     seccomp_fd: int, block_fd: int) -> list[str]:
+        lower = self.host_skeleton if image.kind == "host" else image.rootfs
+        procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
         bwrap = ["bwrap", "--bind", str(sdir / "root"), "/", "--proc", "/proc", "--dev", "/dev"]
         if image.kind == "host":
             for name in HOST_VIEW:
@@ -176,7 +212,7 @@ class LocalBackend:
             "--bind", str(sdir / "ctl"), CTL_MOUNT,
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--hostname", spec.sandbox_id[:63], "--cap-drop", "ALL", "--new-session",
-            "--seccomp", str(zygote.SECCOMP_FD), "--clearenv", "--setenv", "PATH", USER_PATH,
+            "--seccomp", str(seccomp_fd), "--clearenv", "--setenv", "PATH", USER_PATH,
             "--setenv", "HOME", "/root", "--setenv", "LANG", "C.UTF-8",
             "--setenv", "HOSTNAME", spec.sandbox_id[:63], "--chdir", "/",
         ]
@@ -185,48 +221,76 @@ class LocalBackend:
         if self.die_with_orchestrator:
             bwrap.append("--die-with-parent")
         # The holder never gets past --block-fd, so the command is never run.
-        return [*bwrap, "--block-fd", str(zygote.BLOCK_FD), "--", "/.orchard/never-run"]
+        bwrap += ["--block-fd", str(block_fd), "--", "/.orchard/never-run"]
+        return [
+            "unshare", "--mount", "--propagation", "private", "--", "/bin/sh",
+            str(self.launch_sh), str(lower), str(sdir / "upper"), str(sdir / "work"),
+            str(sdir / "root"), str(len(procs)), *procs, *bwrap,
+        ]
 
     def _agent_env(self, spec: SandboxSpec) -> dict[str, str]:
         return {"PATH": USER_PATH, "HOME": "/root", "LANG": "C.UTF-8",
                 "HOSTNAME": spec.sandbox_id[:63], **spec.env}
 
-    async def _launch(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path) -> None:
+    async def _await_holder(self, sandbox_id: str, launcher: subprocess.Popen[bytes]) -> int:
+        """Host pid of bwrap's sandboxed child, once its set-up is complete. bwrap drops the
+        child's capabilities only after the last mount and the chroot, so an empty effective
+        set means the namespaces are final (it then parks on --block-fd)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout
+        delay = 0.0005
+        while loop.time() < deadline:
+            if launcher.poll() is not None:
+                log = (self._dir(sandbox_id) / "launch.log").read_text(errors="replace")
+                raise BackendError(f"sandbox {sandbox_id} failed to start (launcher exit "
+                                   f"{launcher.returncode}): {log.strip()[-2000:]}")
+            holder = _children(launcher.pid)
+            if holder and _capabilities_dropped(holder[0]):
+                return holder[0]
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        raise BackendError(f"sandbox {sandbox_id}: not set up after {self.ready_timeout:.0f}s; "
+                           f"see {self._dir(sandbox_id) / 'launch.log'}")
+
+    async def _fork_agent(self, spec: SandboxSpec, holder: int) -> None:
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        lower = self.host_skeleton if image.kind == "host" else image.rootfs
         request = {
+            "holder": holder, "env": self._agent_env(spec),
             "procs": [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)],
-            "overlay": f"lowerdir={lower},upperdir={sdir / 'upper'},workdir={sdir / 'work'}",
-            "root": str(sdir / "root"), "log": str(sdir / "launch.log"),
-            "bwrap": self._bwrap_argv(spec, image, sdir),
-            "env": self._agent_env(spec), "socket": f"{CTL_MOUNT}/{SOCKET_NAME}",
+            "socket": f"{CTL_MOUNT}/{SOCKET_NAME}",
             "path": [f"{BUNDLE_MOUNT}/lib/{version}", f"{BUNDLE_MOUNT}/lib/{version}/lib-dynload"],
-            "timeout": self.ready_timeout,
         }
         try:
             reader, writer = await asyncio.open_unix_connection(str(self.zygote_socket))
             writer.write(json.dumps(request).encode() + b"\n")
             await writer.drain()
-            line = await asyncio.wait_for(reader.readline(), self.ready_timeout + 5)
+            line = await asyncio.wait_for(reader.readline(), self.ready_timeout)
             writer.close()
         except (OSError, TimeoutError) as e:
-            raise BackendError(f"sandbox {spec.sandbox_id}: the sandbox launcher did not "
+            raise BackendError(f"sandbox {spec.sandbox_id}: the agent fork-server did not "
                                f"answer ({e!r}); see {self.data_dir / 'zygote.log'}") from None
-        reply = json.loads(line or b'{"error": "the launcher closed the connection"}')
+        reply = json.loads(line or b'{"error": "no reply"}')
         if "error" in reply:
-            log = (sdir / "launch.log").read_text(errors="replace").strip()[-2000:]
-            raise BackendError(f"sandbox {spec.sandbox_id} failed to start: {reply['error']}"
-                               + (f"; launch log: {log}" if log else ""))
-        (sdir / "agent.pid").write_text(str(reply["agent"]))
+            raise BackendError(f"sandbox {spec.sandbox_id}: agent failed to start: "
+                               f"{reply['error']}")
+        (self._dir(spec.sandbox_id) / "agent.pid").write_text(str(reply["pid"]))
 
     # --- delete / list / adopt -------------------------------------------------------------
 
     async def delete(self, sandbox_id: str) -> None:
-        await asyncio.to_thread(self._delete_sync, sandbox_id)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._teardown_pool, self._delete_sync, sandbox_id)
 
     def _delete_sync(self, sandbox_id: str) -> None:
         self.cgroups.kill(sandbox_id)
+        launcher = self._launchers.pop(sandbox_id, None)
+        if launcher is not None:
+            launcher.wait(5)
         sdir = self._dir(sandbox_id)
+        root = sdir / "root"
+        # Only an orchestrator crash mid-launch could leave the overlay mounted on the host.
+        if os.path.ismount(root):
+            subprocess.run(["umount", "-l", str(root)], check=False)
         shutil.rmtree(sdir, ignore_errors=True)
         if sdir.exists():
             raise BackendError(f"could not remove {sdir}; remove it by hand")
@@ -234,6 +298,9 @@ class LocalBackend:
     async def list(self) -> set[str]:
         """Sandboxes of THIS data dir only: other orchestrators on the host share the cgroup
         tree, and their sandboxes are not ours to reap."""
+        for sid, launcher in list(self._launchers.items()):
+            if launcher.poll() is not None:  # crashed: reap it; its dirs stay until delete
+                del self._launchers[sid]
         return {p.name for p in self.sandboxes_dir.iterdir() if p.is_dir()}
 
     async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
@@ -248,5 +315,23 @@ class LocalBackend:
         return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}")
 
     async def close(self) -> None:
+        self._teardown_pool.shutdown(wait=True)
         os.close(self._lifeline)
         await asyncio.to_thread(self._zygote.wait)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _capabilities_dropped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("CapEff:") and int(line.split()[1], 16) == 0
+                       for line in f)
+    except OSError:
+        return False

@@ -1,26 +1,23 @@
-"""A fork-server that starts sandboxes: one pre-loaded interpreter forks every agent.
+"""A fork-server for sandbox agents: one pre-loaded interpreter forks every agent.
 
-Starting a Python agent in each sandbox costs ~30 ms and ~6 MiB of private heap, and forking
-the orchestrator (a big process) to launch bwrap costs milliseconds more. So this small
-process, started once per orchestrator, does both for each request:
+Starting a Python agent in each sandbox costs ~30 ms and ~6 MiB of private heap. Instead,
+bubblewrap builds the sandbox (namespaces, mounts, seccomp) around a holder process that
+blocks forever, and this zygote forks a child that *enters* those namespaces and becomes the
+agent. The child shares the zygote's pages copy-on-write (``gc.freeze`` keeps the collector
+from touching them), so an idle agent costs a fraction of a fresh interpreter and starts in
+about a millisecond.
 
-  launcher child: join the sandbox's cgroups -> a private mount namespace -> mount the overlay
-    -> exec bwrap, which builds the sandbox (namespaces, mounts, seccomp) around a holder that
-    parks on --block-fd forever (the holder keeps the write end too, so it never sees EOF).
-  spawner child: wait until bwrap has finished (the holder's capabilities are dropped only
-    after the last mount) -> join the cgroups -> setns(ipc, uts, net, cgroup, pid, mnt) ->
-    chroot to the holder's root -> fork the agent inside the pid namespace -> new session ->
-    drop every capability (bounding set too) -> no_new_privs -> bwrap's seccomp filter ->
-    close every inherited fd -> a clean environment -> imports resolve from the read-only
-    interpreter bundle mounted in the sandbox -> serve.
+What the forked agent does, in order, before it runs any agent code:
+  join the sandbox's cgroups -> setns(ipc, uts, net, cgroup, pid, mnt) -> chroot to the
+  holder's root -> fork (to be inside the pid namespace) -> new session -> drop every
+  capability (bounding set too) -> no_new_privs -> the same seccomp filter as bwrap ->
+  close every inherited fd -> a clean environment -> imports resolve from the read-only
+  interpreter bundle mounted in the sandbox.
 
-The agent shares the zygote's pages copy-on-write (``gc.freeze`` keeps the collector from
-touching them). bwrap is the zygote's child: with --die-with-parent it dies with the zygote,
-which exits when its lifeline (a pipe from the orchestrator) closes.
-
-Protocol: one JSON request line per connection, one JSON reply line:
-  {"procs", "overlay", "root", "log", "bwrap": argv, "env", "socket", "path", "timeout"}
-  -> {"agent": PID, "holder": PID} or {"error": "..."}
+Protocol: one JSON line per connection on a Unix socket, answered with one JSON line:
+  {"holder": PID, "procs": [cgroup.procs paths], "env": {...}, "socket": PATH, "path": [...]}
+  -> {"pid": PID} or {"error": "..."}
+The zygote exits when its lifeline (a pipe from the orchestrator) closes.
 """
 
 import ctypes
@@ -35,7 +32,6 @@ import signal
 import socket
 import sys
 import termios
-import time
 import traceback
 
 # Everything the agent may ever import must be loaded here: inside the sandbox only the
@@ -49,10 +45,6 @@ _spec = importlib.util.spec_from_file_location("orchard_agent", AGENT_SOURCE)
 agent = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(agent)
 
-SECCOMP_FD, BLOCK_FD, BLOCK_W_FD = 3, 4, 5  # where bwrap finds its pipes
-USER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-CLONE_NEWNS = 0x00020000
-MS_REC, MS_PRIVATE = 0x4000, 1 << 18
 _NAMESPACES = (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000),
                ("cgroup", 0x02000000), ("pid", 0x20000000), ("mnt", 0x00020000))
 PR_CAPBSET_DROP = 24
@@ -83,73 +75,12 @@ def _check(result, what):
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _join_cgroups(req):
+def _enter(req):
+    """In the forked child: join the holder's cgroups and namespaces and its root."""
     for path in req["procs"]:
         with open(path, "w") as f:
             f.write(str(os.getpid()))
-
-
-def _exec_bwrap(req, seccomp):
-    """The launcher child: becomes bwrap, inside the sandbox's cgroups and overlay."""
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # bwrap watches its child by signal
-        os.setsid()
-        _join_cgroups(req)
-        # The overlay lives in a mount namespace of its own, so it dies with the sandbox.
-        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None),
-               "mount --make-rprivate /")
-        _check(_libc.mount(b"orchard-overlay", req["root"].encode(), b"overlay", 0,
-                           req["overlay"].encode()), "mount overlay")
-        seccomp_r, seccomp_w = os.pipe()
-        os.write(seccomp_w, seccomp)  # a few KiB: fits the pipe buffer
-        os.close(seccomp_w)
-        block_r, block_w = os.pipe()
-        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        # Park every fd above the targets first so no dup2 overwrites one still needed.
-        high = [os.dup(fd) for fd in (seccomp_r, block_r, block_w, log)]
-        for fd in high:
-            os.set_inheritable(fd, False)
-        for target, fd in zip((SECCOMP_FD, BLOCK_FD, BLOCK_W_FD), high, strict=False):
-            os.dup2(fd, target)
-        os.dup2(high[3], 1)
-        os.dup2(high[3], 2)
-        null = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(null, 0)
-        os.closerange(BLOCK_W_FD + 1, 1 << 16)
-        os.execvpe("bwrap", req["bwrap"], {"PATH": USER_PATH})
-    except BaseException:  # noqa: BLE001 - the spawner reports the launcher's death
-        traceback.print_exc()
-    os._exit(127)
-
-
-def _await_holder(launcher, timeout):
-    """bwrap's sandboxed child once it is set up: bwrap drops its capabilities only after
-    the last mount and the chroot, so an empty effective set means the namespaces are final."""
-    deadline = time.monotonic() + timeout
-    delay = 0.0002
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{launcher}/task/{launcher}/children") as f:
-                children = f.read().split()
-        except OSError:
-            raise RuntimeError("bwrap exited while setting up the sandbox") from None
-        if children:
-            try:
-                with open(f"/proc/{children[0]}/status") as f:
-                    caps = next(line for line in f if line.startswith("CapEff:"))
-                if int(caps.split()[1], 16) == 0:
-                    return int(children[0])
-            except (OSError, StopIteration):
-                pass
-        time.sleep(delay)
-        delay = min(delay * 2, 0.01)
-    raise RuntimeError(f"bwrap did not finish setting up within {timeout:.0f}s")
-
-
-def _enter(req, holder):
-    """In the spawner: join the holder's cgroups and namespaces and its root."""
-    _join_cgroups(req)
+    holder = int(req["holder"])
     fds = []
     for name, flag in _NAMESPACES:
         try:
@@ -200,11 +131,10 @@ def _become_agent(req, seccomp, ready_w):
     os._exit(1)
 
 
-def _spawn(conn, req, seccomp, launcher):
-    """The spawner child: wait for bwrap, enter, fork the agent, report its pid, exit."""
+def _spawn(conn, req, seccomp):
+    """In the zygote's child: enter, fork the agent, report its pid, exit."""
     try:
-        holder = _await_holder(launcher, float(req.get("timeout", 30)))
-        _enter(req, holder)
+        _enter(req)
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -213,8 +143,7 @@ def _spawn(conn, req, seccomp, launcher):
             _become_agent(req, seccomp, ready_w)
         os.close(ready_w)
         ready = os.read(ready_r, 16)
-        reply = ({"agent": pid, "holder": holder} if ready == b"ready\n"
-                 else {"error": "the agent died while starting"})
+        reply = {"pid": pid} if ready == b"ready\n" else {"error": "agent died while starting"}
     except BaseException as e:  # noqa: BLE001 - any failure goes back to the orchestrator
         reply = {"error": f"{type(e).__name__}: {e}"}
     conn.sendall(json.dumps(reply).encode() + b"\n")
@@ -246,14 +175,9 @@ def serve(socket_path, seccomp_path, lifeline):
             conn.sendall(json.dumps({"error": f"bad request: {e}"}).encode() + b"\n")
             conn.close()
             continue
-        launcher = os.fork()
-        if launcher == 0:
-            server.close()
-            conn.close()
-            _exec_bwrap(req, seccomp)
         if os.fork() == 0:
             server.close()
-            _spawn(conn, req, seccomp, launcher)
+            _spawn(conn, req, seccomp)
         conn.close()
 
 
