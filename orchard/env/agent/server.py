@@ -74,9 +74,8 @@ def _resolve(path):
 # --- process trees -----------------------------------------------------------------------
 
 
-def _proc_table():
-    """(pid, ppid, pgid, sid) for every process visible in this pid namespace."""
-    rows = []
+def _processes():
+    """(pid, state, ppid, pgid, sid) for every process visible in this pid namespace."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -86,9 +85,12 @@ def _proc_table():
         except OSError:
             continue
         fields = stat[stat.rindex(b")") + 2 :].split()
-        if fields[0] != b"Z":  # zombies are dead already; their parent reaps them
-            rows.append((int(name), int(fields[1]), int(fields[2]), int(fields[3])))
-    return rows
+        yield int(name), fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def _proc_table():
+    """(pid, ppid, pgid, sid) of every live process; zombies are dead already."""
+    return [(pid, ppid, pg, sid) for pid, state, ppid, pg, sid in _processes() if state != b"Z"]
 
 
 def _has_marker(pid, marker):
@@ -185,23 +187,15 @@ def _wait(proc):
 
 
 def _reap_orphans():
-    me = str(os.getpid()).encode()
+    me = os.getpid()
     while True:
         _ORPHANS.wait()
         _ORPHANS.clear()
         with _SPAWN_LOCK:
-            for name in os.listdir("/proc"):
-                if not name.isdigit() or int(name) in _TRACKED:
-                    continue
-                try:
-                    with open(f"/proc/{name}/stat", "rb") as f:
-                        stat = f.read()
-                except OSError:
-                    continue
-                fields = stat[stat.rindex(b")") + 2 :].split()
-                if fields[0] == b"Z" and fields[1] == me:
+            for pid, state, ppid, _pg, _sid in _processes():
+                if state == b"Z" and ppid == me and pid not in _TRACKED:
                     with contextlib.suppress(ChildProcessError):
-                        os.waitpid(int(name), os.WNOHANG)
+                        os.waitpid(pid, os.WNOHANG)
 
 
 def _become_subreaper():
