@@ -1,7 +1,9 @@
 """The orchestrator's side of the agent protocol (see ``agent/server.py``), over Unix or TCP.
 
-One keep-alive connection pool per sandbox; no retries here (an exec must never run twice),
-errors come back as ``AgentError`` with the agent's own message.
+A deliberately small HTTP/1.1 client over asyncio streams with a keep-alive pool per sandbox:
+both ends of this protocol are ours, and on the exec hot path httpx cost ten times the CPU
+(1.2 ms against 0.12 ms per call, measured in one run). No retries here: an exec must never
+run twice. Errors come back as ``AgentError`` with the agent's own message.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import json
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
-
-import httpx
+from urllib.parse import urlencode
 
 _PTY_FRAME = struct.Struct(">BI")
+_CHUNK = 1 << 16
+_MAX_IDLE = 8
 
 
 class AgentError(Exception):
@@ -34,58 +37,163 @@ class AgentUnreachable(AgentError):
         super().__init__(502, detail)
 
 
-def _transport_for(address: str) -> tuple[httpx.AsyncHTTPTransport, str]:
-    # verify=False: the agent speaks plain HTTP, and a default transport would load the CA
-    # bundle (~28 ms and ~0.8 MiB) for every sandbox.
-    kind, _, rest = address.partition(":")
-    if kind == "unix":
-        return httpx.AsyncHTTPTransport(uds=rest, verify=False), "http://agent"
-    if kind == "tcp":
-        return httpx.AsyncHTTPTransport(verify=False), f"http://{rest}"
-    raise ValueError(f"agent address must be unix:PATH or tcp:HOST:PORT, got {address!r}")
+_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class AgentResponse:
+    """A response whose body is read on demand; the connection returns to the pool (or is
+    closed) once the body has been read to its end."""
+
+    def __init__(self, client: AgentClient, conn: _Stream, status: int,
+                 headers: dict[str, str]) -> None:
+        self._client, self._conn = client, conn
+        self.status_code, self.headers = status, headers
+        self._done = False
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        reader = self._conn[0]
+        try:
+            if self.headers.get("transfer-encoding", "").lower() == "chunked":
+                while size := int((await reader.readline()).split(b";")[0], 16):
+                    yield await reader.readexactly(size)
+                    await reader.readline()
+                await reader.readline()
+            else:
+                remaining = int(self.headers.get("content-length", "0"))
+                while remaining:
+                    data = await reader.read(min(remaining, _CHUNK))
+                    if not data:
+                        raise asyncio.IncompleteReadError(b"", remaining)
+                    remaining -= len(data)
+                    yield data
+            self._done = True
+        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+            raise AgentUnreachable(f"agent at {self._client.address} hung up: {e!r}") from None
+        finally:  # a body not read to its end leaves the connection unusable: close it
+            await self.aclose()
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
+
+    async def aiter_lines(self) -> AsyncIterator[bytes]:
+        pending = b""
+        async for chunk in self.aiter_raw():
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line
+        if pending:
+            yield pending
+
+    async def aclose(self) -> None:
+        if self._conn is None:
+            return
+        conn, self._conn = self._conn, None
+        keep = self._done and self.headers.get("connection", "").lower() != "close"
+        self._client._release(conn, keep)
 
 
 class AgentClient:
     def __init__(self, address: str, token: str | None = None) -> None:
+        kind, _, rest = address.partition(":")
+        if kind not in ("unix", "tcp"):
+            raise ValueError(f"agent address must be unix:PATH or tcp:HOST:PORT, got {address!r}")
         self.address = address
-        transport, base = _transport_for(address)
-        headers = {"X-Agent-Token": token} if token else {}
-        self._http = httpx.AsyncClient(
-            transport=transport, base_url=base, headers=headers, timeout=None, trust_env=False
-        )
+        self._kind, self._target = kind, rest
         self._token = token
+        self._idle: list[_Stream] = []
 
     async def close(self) -> None:
-        await self._http.aclose()
+        while self._idle:
+            self._idle.pop()[1].close()
+
+    async def _connect(self) -> _Stream:
+        try:
+            if self._kind == "unix":
+                return await asyncio.open_unix_connection(self._target, limit=_CHUNK)
+            host, _, port = self._target.rpartition(":")
+            return await asyncio.open_connection(host.strip("[]"), int(port), limit=_CHUNK)
+        except OSError as e:
+            raise AgentUnreachable(f"agent at {self.address} unreachable: {e!r}") from None
+
+    def _release(self, conn: _Stream, keep: bool) -> None:
+        if keep and len(self._idle) < _MAX_IDLE and not conn[1].is_closing():
+            self._idle.append(conn)
+        else:
+            conn[1].close()
+
+    async def request(self, method: str, path: str, params: dict[str, Any] | None = None,
+                      json_body: Any = None, content: bytes | AsyncIterator[bytes] | None = None,
+                      extra_headers: str = "") -> AgentResponse:
+        """Send a request and read the response head; the caller reads (or closes) the body."""
+        target = f"{path}?{urlencode(params)}" if params else path
+        head = f"{method} {target} HTTP/1.1\r\nHost: agent\r\n{extra_headers}"
+        if self._token:
+            head += f"X-Agent-Token: {self._token}\r\n"
+        if json_body is not None:
+            content = json.dumps(json_body, separators=(",", ":")).encode()
+            head += "Content-Type: application/json\r\n"
+        chunked = content is not None and not isinstance(content, bytes)
+        if chunked:
+            head += "Transfer-Encoding: chunked\r\n"
+        elif content:
+            head += f"Content-Length: {len(content)}\r\n"
+        conn = self._idle.pop() if self._idle else await self._connect()
+        reader, writer = conn
+        try:
+            try:
+                writer.write(head.encode() + b"\r\n")
+                if isinstance(content, bytes):
+                    writer.write(content)
+                elif content is not None:
+                    async for chunk in content:
+                        if chunk:
+                            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                            await writer.drain()
+                    writer.write(b"0\r\n\r\n")
+                await writer.drain()
+            except ConnectionError:
+                pass  # the agent may have refused the request early: its answer is readable
+            status = int((await reader.readuntil(b"\r\n")).split(b" ", 2)[1])
+            headers: dict[str, str] = {}
+            while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+                key, _, value = line.decode("latin-1").partition(":")
+                headers[key.strip().lower()] = value.strip()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ValueError, IndexError) as e:
+            writer.close()
+            raise AgentUnreachable(f"agent at {self.address} unreachable: {e!r}") from None
+        except BaseException:  # e.g. the upload's source failed: the request is half-sent
+            writer.close()
+            raise
+        return AgentResponse(self, conn, status, headers)
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
-        try:
-            r = await self._http.request(method, path, **kw)
-        except httpx.TransportError as e:
-            raise AgentUnreachable(f"agent at {self.address} unreachable: {e!r}") from None
+        r = await self.request(method, path, **kw)
+        body = await r.aread()
         if r.status_code >= 400:
-            raise AgentError(r.status_code, _detail(r.content))
-        return r.json()
+            raise AgentError(r.status_code, _detail(body))
+        return json.loads(body)
 
     async def health(self, timeout: float = 5.0) -> dict[str, Any]:
-        return await self._call("GET", "/health", timeout=timeout)
+        return await asyncio.wait_for(self._call("GET", "/health"), timeout)
 
     async def exec(self, req: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("POST", "/exec", json=req)
+        return await self._call("POST", "/exec", json_body=req)
 
     async def exec_stream(self, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        r = await self.request("POST", "/exec", json_body={**req, "stream": True})
+        if r.status_code >= 400:
+            raise AgentError(r.status_code, _detail(await r.aread()))
         try:
-            async with self._http.stream("POST", "/exec", json={**req, "stream": True}) as r:
-                if r.status_code >= 400:
-                    raise AgentError(r.status_code, _detail(await r.aread()))
-                async for line in r.aiter_lines():
-                    if line:
-                        yield json.loads(line)
-        except httpx.TransportError as e:
-            raise AgentUnreachable(f"agent at {self.address} unreachable: {e!r}") from None
+            async for line in r.aiter_lines():
+                if line:
+                    yield json.loads(line)
+        finally:
+            await r.aclose()
 
     async def start_process(self, req: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("POST", "/processes", json=req)
+        return await self._call("POST", "/processes", json_body=req)
 
     async def processes(self) -> dict[str, Any]:
         return await self._call("GET", "/processes")
@@ -97,23 +205,18 @@ class AgentClient:
         params = {"stdout_offset": stdout_offset, "stderr_offset": stderr_offset}
         return await self._call("GET", f"/processes/{pid}/output", params=params)
 
-    async def put_file(self, path: str, body: Any, mode: int | None = None) -> dict[str, Any]:
+    async def put_file(self, path: str, body: bytes | AsyncIterator[bytes],
+                       mode: int | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"path": path}
         if mode is not None:
             params["mode"] = mode
         return await self._call("PUT", "/files", params=params, content=body)
 
-    async def open_file(self, path: str) -> httpx.Response:
+    async def open_file(self, path: str) -> AgentResponse:
         """A streaming response for the file; the caller must ``aclose()`` it."""
-        req = self._http.build_request("GET", "/files", params={"path": path})
-        try:
-            r = await self._http.send(req, stream=True)
-        except httpx.TransportError as e:
-            raise AgentUnreachable(f"agent at {self.address} unreachable: {e!r}") from None
+        r = await self.request("GET", "/files", params={"path": path})
         if r.status_code >= 400:
-            body = await r.aread()
-            await r.aclose()
-            raise AgentError(r.status_code, _detail(body))
+            raise AgentError(r.status_code, _detail(await r.aread()))
         return r
 
     async def list_files(self, path: str) -> dict[str, Any]:
@@ -127,29 +230,17 @@ class AgentClient:
         return await self._call("DELETE", "/files", params=params)
 
     async def patch(self, req: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("POST", "/patch", json=req)
+        return await self._call("POST", "/patch", json_body=req)
 
     async def open_pty(self, argv: list[str], cols: int, rows: int) -> PtyChannel:
-        kind, _, rest = self.address.partition(":")
-        try:
-            if kind == "unix":
-                reader, writer = await asyncio.open_unix_connection(rest)
-            else:
-                host, _, port = rest.rpartition(":")
-                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
-        except OSError as e:
-            raise AgentUnreachable(f"agent at {self.address} unreachable: {e!r}") from None
-        query = httpx.QueryParams({"argv": json.dumps(argv), "cols": cols, "rows": rows})
-        token = f"X-Agent-Token: {self._token}\r\n" if self._token else ""
-        writer.write(f"GET /pty?{query} HTTP/1.1\r\nHost: agent\r\nUpgrade: orchard-pty\r\n"
-                     f"Connection: Upgrade\r\n{token}\r\n".encode())
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        if status != 101:
-            body = await reader.read()
-            writer.close()
-            raise AgentError(status, _detail(body.split(b"\r\n\r\n", 1)[-1] if body else head))
-        return PtyChannel(reader, writer)
+        r = await self.request("GET", "/pty", {"argv": json.dumps(argv), "cols": cols,
+                                               "rows": rows},
+                               extra_headers="Upgrade: orchard-pty\r\nConnection: Upgrade\r\n")
+        if r.status_code != 101:
+            raise AgentError(r.status_code, _detail(await r.aread()))
+        # The connection now carries PTY frames: it leaves the pool for good.
+        conn, r._conn = r._conn, None
+        return PtyChannel(*conn)
 
 
 class PtyChannel:

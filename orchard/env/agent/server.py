@@ -39,6 +39,7 @@ MARKER = "ORCHARD_EXEC_ID"
 WORKDIR = "/workspace"
 CHUNK = 1 << 16
 PROCESS_BUFFER = 1 << 20
+DRAIN_LIMIT = 1 << 20
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 401: "Unauthorized",
     404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
@@ -608,15 +609,24 @@ class Conn:
                 raise HTTPError(401, "missing or wrong X-Agent-Token")
             return route(self, method, path, query, headers) is not False
         except HTTPError as e:
-            return self.send_error(e.status, e.detail)
+            return self.send_error(e.status, e.detail, headers)
         except Exception as e:  # noqa: BLE001 - report, never kill the agent
-            return self.send_error(500, f"agent error: {type(e).__name__}: {e}")
+            return self.send_error(500, f"agent error: {type(e).__name__}: {e}", headers)
         return True
 
-    def send_error(self, status, detail):
+    def send_error(self, status, detail, headers=None):
         """Answer an error; True keeps the connection. An unread request body would be parsed
-        as the next request on this keep-alive connection, so then answer and close."""
+        as the next request on this keep-alive connection: a small one is read and dropped
+        first (a client still sending it would otherwise fail to write and never see this
+        answer); past that, answer and close."""
         body = json.dumps({"detail": detail}, separators=(",", ":")).encode()
+        if not self.body_done and headers is not None:
+            with contextlib.suppress(HTTPError, OSError):
+                drained = 0
+                for chunk in self.body_chunks(headers):
+                    drained += len(chunk)
+                    if drained > DRAIN_LIMIT:
+                        break
         if self.body_done:
             self.send(status, body)
             return True
