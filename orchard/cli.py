@@ -28,7 +28,8 @@ app = typer.Typer(no_args_is_help=True, help="Orchard: sandboxes for agents.")
 sandbox_app = typer.Typer(no_args_is_help=True, help="Create, use and delete sandboxes.")
 app.add_typer(sandbox_app, name="sandbox")
 
-stderr = Console(stderr=True)
+# soft_wrap: an error stays on one line however narrow the terminal (or a pipe, 80 columns).
+stderr = Console(stderr=True, soft_wrap=True)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -163,7 +164,10 @@ def ls(
     with ctx.obj.client() as client:
         sandboxes = client.list_sandboxes(_labels(label or []))
     table = Table(box=None)
-    for column in ("ID", "STATUS", "IMAGE", "NETWORK", "CPU", "MEMORY", "LABELS", "EXPIRES"):
+    # The id is what the other commands take: never cut it, however narrow the output.
+    table.add_column("ID", no_wrap=True, min_width=max((len(s.sandbox_id) for s in sandboxes),
+                                                       default=2))
+    for column in ("STATUS", "IMAGE", "NETWORK", "CPU", "MEMORY", "LABELS", "EXPIRES"):
         table.add_column(column)
     for sb in sandboxes:
         table.add_row(
@@ -250,7 +254,9 @@ def _interact(term: PtySession) -> int:
     reader = threading.Thread(target=pump_output, daemon=True)
     try:
         if saved_tty is not None:
-            tty.setraw(stdin)  # keystrokes (Ctrl-C included) go to the remote terminal as is
+            # Keystrokes (Ctrl-C included) go to the remote terminal as is. TCSADRAIN, not the
+            # default TCSAFLUSH: what was typed while the terminal opened must not be lost.
+            tty.setraw(stdin, termios.TCSADRAIN)
         reader.start()
         while True:
             ready, _, _ = select.select([stdin, done_r, winch_r], [], [])

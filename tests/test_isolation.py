@@ -209,7 +209,10 @@ def test_fork_bomb_stopped_by_pids_limit(client: httpx.Client) -> None:
     sid = create_ready(client, {"image": "host", "pids": 64})
     try:
         assert cgroup_file(sid, "pids.max").strip() == "64"
-        bomb = "i=0; while [ $i -lt 200 ]; do (sleep 30 &) ; i=$((i+1)); done; echo spawned"
+        # It always ends by timeout (the trailing sleep), so the tree killer reaps the sleepers;
+        # a bomb that finished early would leave them holding every pid for 30 s.
+        bomb = ("i=0; while [ $i -lt 200 ]; do (sleep 30 &) ; i=$((i+1)); done; echo spawned; "
+                "sleep 30")
         r = run(client, sid, command=bomb, timeout_seconds=3)
         assert r["exit_code"] != 0 or "Resource temporarily unavailable" in r["stderr"] \
             or "fork" in r["stderr"].lower(), r

@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -324,19 +325,20 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     @app.get("/sandboxes/{sid}/processes/{pid}", response_model=ProcessInfo,
              dependencies=secured, responses=ERRORS)
     async def get_process(sid: str, pid: str) -> ProcessInfo:
-        return _process(sid, await agent_call(sid)(service.agent(sid).process(pid)))
+        return _process(sid, await agent_call(sid)(service.agent(sid).process(_seg(pid))))
 
     @app.get("/sandboxes/{sid}/processes/{pid}/output", response_model=ProcessOutput,
              dependencies=secured, responses=ERRORS)
     async def process_output(sid: str, pid: str, stdout_offset: Annotated[int, Query(ge=0)] = 0,
                              stderr_offset: Annotated[int, Query(ge=0)] = 0) -> ProcessOutput:
-        out = service.agent(sid).process_output(pid, stdout_offset, stderr_offset)
+        out = service.agent(sid).process_output(_seg(pid), stdout_offset, stderr_offset)
         return ProcessOutput(**await agent_call(sid)(out))
 
     @app.delete("/sandboxes/{sid}/processes/{pid}", response_model=ProcessInfo,
                 dependencies=secured, responses=ERRORS)
     async def kill_process(sid: str, pid: str) -> ProcessInfo:
-        return _process(sid, await agent_call(sid)(service.agent(sid).process(pid, "DELETE")))
+        agent = service.agent(sid)
+        return _process(sid, await agent_call(sid)(agent.process(_seg(pid), "DELETE")))
 
     # --- PTY ------------------------------------------------------------------------------
 
@@ -391,6 +393,13 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
 
 def _process(sid: str, info: dict[str, Any]) -> ProcessInfo:
     return ProcessInfo.model_validate({**info, "sandbox_id": sid})
+
+
+def _seg(value: str) -> str:
+    """A client's id as one path segment of an agent request. The agent client puts paths into
+    its request line as they are: a raw space, '?' or CR/LF would smuggle in a query, headers
+    or a second request and leave the pooled connection out of step (seen by fuzzing)."""
+    return quote(value, safe="")
 
 
 def _bearer(value: str | None) -> str | None:

@@ -588,7 +588,7 @@ class Conn:
         try:
             method, target, _version = line.decode("latin-1").split(" ", 2)
         except ValueError:
-            self.send_json({"detail": "malformed request line"}, 400)
+            self.send(400, b'{"detail":"malformed request line"}', headers=("Connection: close",))
             return False
         headers = {}
         while True:

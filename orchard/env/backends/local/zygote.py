@@ -20,6 +20,7 @@ Protocol: one JSON line per connection on a Unix socket, answered with one JSON 
 The zygote exits when its lifeline (a pipe from the orchestrator) closes.
 """
 
+import contextlib
 import ctypes
 import fcntl
 import gc
@@ -146,7 +147,8 @@ def _spawn(conn, req, seccomp):
         reply = {"pid": pid} if ready == b"ready\n" else {"error": "agent died while starting"}
     except BaseException as e:  # noqa: BLE001 - any failure goes back to the orchestrator
         reply = {"error": f"{type(e).__name__}: {e}"}
-    conn.sendall(json.dumps(reply).encode() + b"\n")
+    with contextlib.suppress(OSError):  # the orchestrator may have given up on us
+        conn.sendall(json.dumps(reply).encode() + b"\n")
     os._exit(0)
 
 
@@ -172,7 +174,8 @@ def serve(socket_path, seccomp_path, lifeline):
             conn.settimeout(5)
             req = json.loads(conn.makefile("rb").readline())
         except (OSError, ValueError) as e:
-            conn.sendall(json.dumps({"error": f"bad request: {e}"}).encode() + b"\n")
+            with contextlib.suppress(OSError):  # a client that hung up must not kill us
+                conn.sendall(json.dumps({"error": f"bad request: {e}"}).encode() + b"\n")
             conn.close()
             continue
         if os.fork() == 0:
