@@ -26,11 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx  # noqa: E402
 from common import (  # noqa: E402
     BenchServer,
-    add_server_args,
     base_parser,
     cgroup_pids,
     console,
-    executor_workers,
     group_dirs,
     machine_busy_cpu_s,
     print_leaks,
@@ -181,7 +179,6 @@ def settle(url: str, data_dir: Path, timeout: float) -> dict[str, Any]:
 
 def main() -> int:
     parser = base_parser(__doc__.splitlines()[0])
-    add_server_args(parser)
     parser.add_argument("--seq-n", type=int, default=50, help="sequential create->ready samples")
     parser.add_argument("-n", "--n", type=int, default=1000, help="sandboxes in the burst")
     parser.add_argument("-c", "--concurrency", type=int, default=64, help="client tasks at once")
@@ -193,9 +190,8 @@ def main() -> int:
         args.seq_n, args.n = 10, 50
 
     max_sandboxes = max(args.n, args.seq_n) + 8
-    workers = executor_workers(args.executor_workaround, max_sandboxes)
-    results: dict[str, Any] = {"executor_workaround_threads": workers}
-    with BenchServer(max_sandboxes=max_sandboxes, port=args.port, executor_workers=workers,
+    results: dict[str, Any] = {}
+    with BenchServer(max_sandboxes=max_sandboxes, port=args.port,
                      max_concurrent_creates=args.max_concurrent_creates) as srv:
         console.print(f"orchestrator at {srv.url}; data dir {srv.data_dir}")
         results["sequential"] = sequential(srv.url, args.seq_n)

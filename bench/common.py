@@ -265,46 +265,6 @@ def leak_report(data_dir: Path) -> dict[str, Any]:
     }
 
 
-# The local backend reaps each sandbox's launcher with ``run_in_executor(None, proc.wait)``:
-# one thread of the loop's default executor blocks for the sandbox's whole life. That
-# executor has min(32, cpus + 4) threads (6 on a 2-core host), which ``asyncio.to_thread`` in
-# create (image resolve) and delete also need, so sandbox number cpus + 5 hangs in "pending"
-# for ever and no sandbox can be deleted any more. See bench/README.md.
-_REAPER_BUG = "run_in_executor(None, proc.wait)"
-_EXECUTOR_PRELUDE = (
-    "import asyncio, concurrent.futures; from orchard.env import service as _svc; "
-    "_start = _svc.SandboxService.start\n"
-    "async def _bench_start(self):\n"
-    "    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor("
-    "max_workers={workers}, thread_name_prefix='asyncio'))\n"
-    "    await _start(self)\n"
-    "_svc.SandboxService.start = _bench_start\n"
-)
-
-
-def reaper_bug_present() -> bool:
-    """Whether the backend still parks one default-executor thread per live sandbox."""
-    src = REPO_ROOT / "orchard" / "env" / "backends" / "local" / "backend.py"
-    try:
-        return _REAPER_BUG in src.read_text()
-    except OSError:
-        return False
-
-
-def add_server_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--executor-workaround", choices=("auto", "on", "off"), default="auto",
-        help="give the server's asyncio default executor max_sandboxes+64 threads (a monkeypatch "
-             "in the child process, orchard/ is untouched); auto: only while the backend still "
-             "parks one executor thread per live sandbox")
-
-
-def executor_workers(mode: str, max_sandboxes: int) -> int | None:
-    if mode == "on" or (mode == "auto" and reaper_bug_present()):
-        return max_sandboxes + 64
-    return None
-
-
 def force_kill_group(data_dir: Path) -> int:
     """Kill what is left in this orchestrator's own cgroups (only ours: orchard/<our key>).
 
@@ -336,11 +296,9 @@ class BenchServer:
     """``serve(...)`` in a child process, with a private data dir; a context manager."""
 
     def __init__(self, *, max_sandboxes: int = 2000, max_concurrent_creates: int = 64,
-                 port: int = 0, startup_timeout: float = 90.0,
-                 executor_workers: int | None = None) -> None:
+                 port: int = 0, startup_timeout: float = 90.0) -> None:
         self.max_sandboxes = max_sandboxes
         self.max_concurrent_creates = max_concurrent_creates
-        self.executor_workers = executor_workers
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout = startup_timeout
@@ -352,10 +310,7 @@ class BenchServer:
         self.leaks: dict[str, Any] = {}
 
     def start(self) -> str:
-        prelude = ""
-        if self.executor_workers:
-            prelude = _EXECUTOR_PRELUDE.format(workers=self.executor_workers)
-        code = prelude + (
+        code = (
             "from pathlib import Path; from orchard.env.server import serve; "
             f"serve(port={self.port}, data_dir=Path({str(self.data_dir)!r}), "
             f"log_level='warning', max_sandboxes={self.max_sandboxes}, "

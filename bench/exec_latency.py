@@ -25,11 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx  # noqa: E402
 from common import (  # noqa: E402
     BenchServer,
-    add_server_args,
     base_parser,
     console,
     create_sandboxes,
-    executor_workers,
     print_leaks,
     print_table,
     summarize_ms,
@@ -204,7 +202,6 @@ async def _throughput(url: str, ids: list[str], seconds: float) -> dict[str, Any
 
 def main() -> int:
     parser = base_parser(__doc__.splitlines()[0])
-    add_server_args(parser)
     parser.add_argument("-n", "--n", type=int, default=300, help="probe execs per phase")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--sandboxes", type=int, default=100, help="live sandboxes under load")
@@ -218,10 +215,7 @@ def main() -> int:
         args.sandboxes, args.clients, args.seconds = 10, 4, 1.0
 
     results: dict[str, Any] = {}
-    workers = executor_workers(args.executor_workaround, args.sandboxes + 8)
-    results["executor_workaround_threads"] = workers
-    with BenchServer(max_sandboxes=args.sandboxes + 8, port=args.port,
-                     executor_workers=workers) as srv:
+    with BenchServer(max_sandboxes=args.sandboxes + 8, port=args.port) as srv:
         client = SandboxClient(srv.url, timeout=60.0)
         try:
             console.print(f"orchestrator at {srv.url}; data dir {srv.data_dir}")

@@ -26,12 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     BenchServer,
-    add_server_args,
     base_parser,
     cgroup_pids,
     console,
     create_sandboxes_async,
-    executor_workers,
     percentile,
     print_leaks,
     print_table,
@@ -238,7 +236,6 @@ async def exec_true_in_each(url: str, ids: list[str], concurrency: int = 16) -> 
 
 def main() -> int:
     parser = base_parser(__doc__.splitlines()[0])
-    add_server_args(parser)
     parser.add_argument("-n", "--n", type=int, default=100, help="idle sandboxes")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds to wait before reading")
     parser.add_argument("--baseline-n", type=int, default=20, help="bare bwrap jails (0: skip)")
@@ -246,9 +243,8 @@ def main() -> int:
     if args.quick:
         args.n, args.baseline_n = 10, 5
 
-    workers = executor_workers(args.executor_workaround, args.n + 8)
-    results: dict[str, Any] = {"executor_workaround_threads": workers}
-    with BenchServer(max_sandboxes=args.n + 8, port=args.port, executor_workers=workers) as srv:
+    results: dict[str, Any] = {}
+    with BenchServer(max_sandboxes=args.n + 8, port=args.port) as srv:
         assert srv.proc is not None
         server_pid = srv.proc.pid
         console.print(f"orchestrator at {srv.url} (pid {server_pid}); data dir {srv.data_dir}")

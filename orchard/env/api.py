@@ -135,7 +135,7 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
                   description="Isolated sandboxes for agents: create, exec, files, patches, PTY.")
     app.add_middleware(BodyLimit, limit=settings.max_json_body)
 
-    def auth(request: Request) -> None:
+    async def auth(request: Request) -> None:  # async: a sync one costs a thread hop
         _check_key(settings.api_keys, request.headers.get("x-api-key")
                    or _bearer(request.headers.get("authorization")))
 
