@@ -381,6 +381,12 @@ class CgroupManager:
             # have removed the directory already, which is the outcome we want anyway.
             with contextlib.suppress(FileNotFoundError):
                 _write(v2_dir / "cgroup.kill", "1")
+            # Every process joined this hierarchy: wait on its one file, not on every one
+            # (with many teardowns at once, re-reading them all kept the GIL busy).
+            while (_read(v2_dir / "cgroup.procs") or "").strip():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(_POLL_S)
         else:
             self._freeze_and_kill(sandbox_id, deadline)
         # Catches processes that joined only some hierarchies (a launcher that died midway)
