@@ -345,6 +345,7 @@ def test_restart_readopts_and_removes_orphans(short_tmp: Path, tmp_path: Path, d
             create_ready(http, {"image": "host", "sandbox_id": keep})
             create_ready(http, {"image": "host", "sandbox_id": orphan})
             assert run(http, keep, command="echo persisted > /workspace/f")["exit_code"] == 0
+            job_id = run(http, keep, command="sleep 30", wait=False)["job_id"]
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         # Sandboxes outlive the orchestrator.
@@ -356,6 +357,9 @@ def test_restart_readopts_and_removes_orphans(short_tmp: Path, tmp_path: Path, d
         with httpx.Client(base_url=url, timeout=60) as http:
             assert status_of(http, keep) == "running"
             assert run(http, keep, command="cat /workspace/f")["stdout"] == "persisted\n"
+            # The job that was running when the orchestrator died is not left "running".
+            job = http.get(f"/jobs/{job_id}").json()
+            assert job["status"] == "failed" and "restarted" in job["error"], job
             assert wait_until(lambda: gone(orphan, d) and not cgroup_pids(orphan), 8)
             assert http.get(f"/sandboxes/{orphan}").status_code == 404
             assert cgroup_pids(keep)

@@ -82,6 +82,12 @@ class SandboxService:
                 log.info("re-adopted sandbox %s", rec.sandbox_id)
             self._remember(rec)
             await self.store.put_sandbox(rec)
+        for job in await self.store.unfinished_jobs():
+            # Its result went to an orchestrator that no longer exists: say so, don't hang.
+            job.status, job.completed_at = JobStatus.failed, _utc()
+            job.error = ("the orchestrator restarted while this job ran; its result is lost "
+                         "(the command may have finished in the sandbox)")
+            await self.store.put_job(job)
         await self.reconcile_once()
         self._reconciler = asyncio.create_task(self._reconcile_loop())
 

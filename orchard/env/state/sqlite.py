@@ -70,6 +70,11 @@ class SqliteStore:
         row = self._db.execute("SELECT data FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
         return None if row is None else Job.model_validate_json(row[0])
 
+    async def unfinished_jobs(self) -> list[Job]:
+        rows = self._db.execute(
+            "SELECT data FROM jobs WHERE status IN ('queued', 'running')").fetchall()
+        return [Job.model_validate_json(r[0]) for r in rows]
+
     async def prune(self, older_than: float) -> int:
         n = self._db.execute(
             "DELETE FROM sandboxes WHERE status = 'deleted' AND updated < ?", (older_than,)
