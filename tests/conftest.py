@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,3 +69,24 @@ def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool
             return True
         time.sleep(interval)
     return predicate()
+
+
+@contextlib.contextmanager
+def short_data_dir(session_data: Path) -> Iterator[Path]:
+    """A data dir short enough for the AF_UNIX socket paths below it (pytest's can be too
+    long), reusing the interpreter bundle the session orchestrator already built."""
+    short = Path(tempfile.mkdtemp(prefix="/tmp/orc-"))
+    (short / "local").mkdir()
+    (short / "local" / "bundle").symlink_to(session_data / "local" / "bundle")
+    try:
+        yield short
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def dedicated_orchestrator(session_data: Path, **settings: object) -> Iterator[str]:
+    """A private orchestrator on a short data dir, stopped (its sandboxes deleted) on exit."""
+    with short_data_dir(session_data) as short, EmbeddedOrchestrator(
+            data_dir=short, reconcile_interval=0.5, **settings) as url:
+        yield url

@@ -6,13 +6,10 @@ deletes never touch the session's sandboxes, and the 413 paths are cheap to reac
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +25,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from orchard.env.server import EmbeddedOrchestrator
-from tests.conftest import create_ready, needs_root, run
+from tests.conftest import create_ready, dedicated_orchestrator, needs_root, run, short_data_dir
 
 pytestmark = needs_root
 
@@ -36,30 +33,6 @@ JSON_LIMIT = 16 * 1024
 UPLOAD_LIMIT = 256 * 1024
 # Examples per operation are multiplied by this; raise it for a longer bug hunt.
 SCALE = int(os.environ.get("ORCHARD_FUZZ_SCALE", "1"))
-
-
-@contextlib.contextmanager
-def short_data_dir(session_data: Path) -> Iterator[Path]:
-    """A short data dir (the agent's socket path must stay short).
-
-    It reuses the interpreter bundle the session orchestrator already built, which saves the
-    seconds a fresh build costs.
-    """
-    short = Path(tempfile.mkdtemp(prefix="/tmp/orc-"))
-    (short / "local").mkdir()
-    (short / "local" / "bundle").symlink_to(session_data / "local" / "bundle")
-    try:
-        yield short
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def dedicated_orchestrator(session_data: Path, **settings: object) -> Iterator[str]:
-    """A private orchestrator, stopped (its sandboxes deleted) on exit."""
-    with short_data_dir(session_data) as short, EmbeddedOrchestrator(
-            data_dir=short, reconcile_interval=0.5, **settings) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

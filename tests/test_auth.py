@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import inspect
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,26 +21,12 @@ from websockets.sync.client import connect
 import orchard.env.api as api_module
 import orchard.env.server as server_module
 from orchard.env.client import AuthenticationError, SandboxClient
-from orchard.env.server import EmbeddedOrchestrator
-from tests.conftest import create_ready, needs_root, run
+from tests.conftest import create_ready, dedicated_orchestrator, needs_root, run
 
 pytestmark = needs_root
 
 KEYS = ["k1", "k2"]
 ORCHARD = Path(sys.executable).with_name("orchard")
-
-
-@contextlib.contextmanager
-def dedicated_orchestrator(session_data: Path, **settings: object) -> Iterator[str]:
-    """A private orchestrator on a short data dir, reusing the session's built bundle."""
-    short = Path(tempfile.mkdtemp(prefix="/tmp/orc-"))
-    (short / "local").mkdir()
-    (short / "local" / "bundle").symlink_to(session_data / "local" / "bundle")
-    try:
-        with EmbeddedOrchestrator(data_dir=short, reconcile_interval=0.5, **settings) as url:
-            yield url
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,11 @@ import contextlib
 import fcntl
 import glob
 import os
-import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -26,7 +24,7 @@ import pytest
 from orchard.env.backends.local import images
 from orchard.env.backends.local.cgroups import CgroupManager
 from orchard.env.server import EmbeddedOrchestrator
-from tests.conftest import create_ready, needs_root, run, wait_until
+from tests.conftest import create_ready, needs_root, run, short_data_dir, wait_until
 from tests.image_fixtures import make_busybox_rootfs, make_docker_archive
 
 pytestmark = [needs_root, pytest.mark.root]
@@ -62,24 +60,10 @@ def status_of(http: httpx.Client, sid: str) -> str | None:
     return r.json()["status"] if r.status_code == 200 else None
 
 
-def seed_bundle(src_data_dir: Path, dest_data_dir: Path) -> None:
-    """Reuse the session orchestrator's agent bundle, so a second orchestrator starts fast."""
-    src = src_data_dir / "local" / "bundle"
-    dest = dest_data_dir / "local" / "bundle"
-    if src.is_dir() and not dest.exists():
-        shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".*"))
-
-
-def short_dir() -> Path:
-    """A data dir short enough for AF_UNIX socket paths below it (pytest's can be too long)."""
-    return Path(tempfile.mkdtemp(prefix="orc-", dir="/tmp"))
-
-
 @pytest.fixture()
-def short_tmp() -> Iterator[Path]:
-    d = short_dir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def short_tmp(data_dir: Path) -> Iterator[Path]:
+    with short_data_dir(data_dir) as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
@@ -195,15 +179,10 @@ def test_labels_filter(http: httpx.Client) -> None:
 
 @pytest.fixture(scope="module")
 def reaper(data_dir: Path, orchestrator: str) -> Iterator[tuple[httpx.Client, Path]]:
-    d = short_dir()
-    seed_bundle(data_dir, d)
-    try:
-        with EmbeddedOrchestrator(data_dir=d, heartbeat_timeout=2, reconcile_interval=0.3,
-                                  pending_timeout=1.5) as url, \
-                httpx.Client(base_url=url, timeout=60) as client:
-            yield client, d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    with short_data_dir(data_dir) as d, EmbeddedOrchestrator(
+            data_dir=d, heartbeat_timeout=2, reconcile_interval=0.3, pending_timeout=1.5
+    ) as url, httpx.Client(base_url=url, timeout=60) as client:
+        yield client, d
 
 
 def test_heartbeat_timeout(reaper: tuple[httpx.Client, Path]) -> None:
@@ -265,7 +244,6 @@ def test_pending_timeout(reaper: tuple[httpx.Client, Path], busybox: Path,
 
 
 def test_admission_limits(short_tmp: Path, data_dir: Path, orchestrator: str) -> None:
-    seed_bundle(data_dir, short_tmp)
     with EmbeddedOrchestrator(data_dir=short_tmp, max_sandboxes=2,
                               max_concurrent_creates=1) as url, \
             httpx.Client(base_url=url, timeout=60) as http:
@@ -334,7 +312,6 @@ def _start_server(d: Path, port: int, log: Path) -> subprocess.Popen:
 def test_restart_readopts_and_removes_orphans(short_tmp: Path, tmp_path: Path, data_dir: Path,
                                               orchestrator: str) -> None:
     d = short_tmp
-    seed_bundle(data_dir, d)
     log = tmp_path / "serve.log"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

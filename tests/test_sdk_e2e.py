@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +22,7 @@ from orchard.env.client import (
     SandboxClient,
 )
 from orchard.env.server import EmbeddedOrchestrator
-from tests.conftest import needs_root, wait_until
+from tests.conftest import needs_root, short_data_dir, wait_until
 
 pytestmark = needs_root
 
@@ -38,18 +35,6 @@ DIFF = """\
 +    return "hello, world"
 """
 ORIGINAL = 'def greet():\n    return "hello"\n'
-
-
-@contextlib.contextmanager
-def short_data_dir(session_data: Path) -> Iterator[Path]:
-    """A short data dir (the agent socket path must stay short) reusing the session's bundle."""
-    short = Path(tempfile.mkdtemp(prefix="/tmp/orc-"))
-    (short / "local").mkdir()
-    (short / "local" / "bundle").symlink_to(session_data / "local" / "bundle")
-    try:
-        yield short
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
 
 
 def live_ids(url: str) -> set[str]:

@@ -22,7 +22,6 @@ mounted; pruning them is left to whoever owns the cache directory.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -32,11 +31,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 import orchard.env.agent
+from orchard.env.backends.local.filelock import exclusive_lock
 
 __all__ = ["BUNDLE_MOUNT", "BundleError", "agent_command", "bundle_key", "ensure_bundle"]
 
@@ -113,7 +112,7 @@ def ensure_bundle(cache_dir: Path, agent_sources: Sequence[Path] | None = None) 
     if final.is_dir():
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _flock(cache_dir / f".{key}.lock"):
+    with exclusive_lock(cache_dir / f".{key}.lock"):
         if final.is_dir():
             return final
         # Leftovers of builds that died mid-way; holding the lock means nobody else owns them.
@@ -140,19 +139,6 @@ def _agent_sources(agent_sources: Sequence[Path] | None) -> list[Path]:
     if len(set(names)) != len(names):
         raise BundleError(f"agent sources collide inside agent/: {names}")
     return sources
-
-
-@contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    # flock (unlike fcntl/POSIX record locks) is held per open file description, so it also
-    # serialises threads of one process, each of which opens the file itself. The lock file is
-    # never removed: unlinking it could let two callers lock different inodes.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _build(root: Path, sources: Sequence[Path]) -> None:

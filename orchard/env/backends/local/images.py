@@ -14,8 +14,6 @@ Supported references:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import gzip
 import hashlib
 import io
@@ -28,10 +26,11 @@ import shutil
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
+
+from orchard.env.backends.local.filelock import exclusive_lock
 
 __all__ = ["ImageError", "ImageStore", "ResolvedImage"]
 
@@ -111,7 +110,7 @@ class ImageStore:
         # The rename below is atomic, so an existing rootfs is always complete: skip the lock.
         if not rootfs.is_dir():
             entry.mkdir(parents=True, exist_ok=True)
-            with _locked(self.cache_dir / f"{algo}-{hexdigest}.lock"):
+            with exclusive_lock(self.cache_dir / f"{algo}-{hexdigest}.lock"):
                 if not rootfs.is_dir():
                     _unpack(source, plan, entry, rootfs)
         return ResolvedImage(ref=ref, kind="oci", rootfs=rootfs, digest=plan.digest)
@@ -386,18 +385,6 @@ def _plan_docker(source: _Source) -> _Plan:
 
 
 # --------------------------------------------------------------------------- unpacking
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    # flock locks belong to the open file description, so separate opens exclude both other
-    # processes and other threads of this process.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _unpack(source: _Source, plan: _Plan, entry: Path, rootfs: Path) -> None:
