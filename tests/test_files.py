@@ -306,3 +306,16 @@ def test_rejected_uploads_do_not_desync_the_agent(http: httpx.Client, sandbox: s
         assert put_raw(http, sandbox, f"ok{i}.txt", b"fine").status_code == 200
         assert get_raw(http, sandbox, f"ok{i}.txt").content == b"fine"
         assert "adir" in listing(http, sandbox, "/workspace")
+
+
+def test_special_files_download(http: httpx.Client, sandbox: str) -> None:
+    """A FIFO is refused at once (opening it must not hang the agent's connection); files
+    that report size 0 but have content, like those in /proc, come back whole."""
+    run(http, sandbox, command="mkfifo /workspace/pipe")
+    r = get_raw(http, sandbox, "/workspace/pipe")
+    assert r.status_code == 400 and "not a regular file" in r.json()["detail"]
+    version = get_raw(http, sandbox, "/proc/version")
+    assert version.status_code == 200 and version.content.startswith(b"Linux version")
+    # The connection is still in step: the next request gets its own answer.
+    assert put_raw(http, sandbox, "after.txt", b"in step").status_code == 200
+    assert get_raw(http, sandbox, "after.txt").content == b"in step"

@@ -130,8 +130,8 @@ class SandboxService:
             raise BadRequest(f"image {req.image!r} must be 'host' or an absolute path to a "
                              "rootfs directory, an OCI layout or an image archive on the server")
         try:
-            cpu = parse_cpu(req.cpu) if req.cpu else None
-            memory = parse_memory(req.memory) if req.memory else None
+            cpu = parse_cpu(req.cpu) if req.cpu is not None else None
+            memory = parse_memory(req.memory) if req.memory is not None else None
         except ValueError as e:
             raise BadRequest(str(e)) from None
         if cpu is not None and cpu <= 0 or memory is not None and memory < 4 << 20:

@@ -516,8 +516,10 @@ class Conn:
         self.rfile = sock.makefile("rb", buffering=CHUNK)
         self.token = token
         self.body_done = True
+        self.responded = False
 
     def send(self, status, body=b"", ctype="application/json", headers=()):
+        self.responded = True
         head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
                 f"Content-Type: {ctype}", f"Content-Length: {len(body)}", *headers]
         self.sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
@@ -526,6 +528,7 @@ class Conn:
         self.send(status, json.dumps(obj, separators=(",", ":")).encode())
 
     def start_chunked(self, ctype):
+        self.responded = True
         self.sock.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\n"
                           "Transfer-Encoding: chunked\r\n\r\n".encode())
 
@@ -599,6 +602,7 @@ class Conn:
             headers[k.strip().lower()] = v.strip()
         self.body_done = (headers.get("transfer-encoding", "").lower() != "chunked"
                           and headers.get("content-length", "0").strip() in ("", "0"))
+        self.responded = False
         url = urlsplit(target)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         path = unquote(url.path)
@@ -619,6 +623,8 @@ class Conn:
         as the next request on this keep-alive connection: a small one is read and dropped
         first (a client still sending it would otherwise fail to write and never see this
         answer); past that, answer and close."""
+        if self.responded:
+            return False  # a second answer to one request would put the connection out of step
         body = json.dumps({"detail": detail}, separators=(",", ":")).encode()
         if not self.body_done and headers is not None:
             with contextlib.suppress(HTTPError, OSError):
@@ -737,16 +743,26 @@ def write_file(c, query, headers):
 
 def send_file(c, target):
     try:
-        f = open(target, "rb")  # noqa: SIM115 - closed below after sendfile
+        # O_NONBLOCK: opening a FIFO must not hang the connection waiting for a writer.
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise HTTPError(404, f"no such file in the sandbox: {target}") from None
     except IsADirectoryError:
         raise HTTPError(400, f"{target} is a directory; list it instead") from None
-    with f:
-        size = os.fstat(f.fileno()).st_size
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not _S_ISREG(st.st_mode):
+            raise HTTPError(400, f"{target} is not a regular file; read it with exec instead")
+        # Files like those in /proc report size 0 yet have content: read those whole.
+        data = f.read(DRAIN_LIMIT) if st.st_size == 0 else None
+        size = len(data) if data is not None else st.st_size
+        c.responded = True
         c.sock.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
                        f"Content-Length: {size}\r\n\r\n".encode())
-        c.sock.sendfile(f, 0, size)
+        if data is not None:
+            c.sock.sendall(data)
+        elif c.sock.sendfile(f, 0, size) != size:
+            raise OSError("the file shrank while it was being sent")  # closes the connection
 
 
 def run_pty(c, query):
@@ -762,6 +778,7 @@ def run_pty(c, query):
     env = {"TERM": query.get("term", "xterm-256color")}
     proc = _spawn_pty({"argv": argv, "env": env}, exec_id, slave)
     os.close(slave)
+    c.responded = True
     c.sock.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: orchard-pty\r\n"
                    b"Connection: Upgrade\r\n\r\n")
 
