@@ -319,3 +319,18 @@ def test_special_files_download(http: httpx.Client, sandbox: str) -> None:
     # The connection is still in step: the next request gets its own answer.
     assert put_raw(http, sandbox, "after.txt", b"in step").status_code == 200
     assert get_raw(http, sandbox, "after.txt").content == b"in step"
+
+
+def test_large_refused_upload_gets_the_agents_answer(http: httpx.Client, sandbox: str) -> None:
+    """A streamed upload the agent refuses up front (100-continue is never sent) is not pushed
+    through: the client sees the agent's 400, not a broken connection."""
+    run(http, sandbox, command="mkdir -p /workspace/bigdir")
+
+    def body() -> Iterator[bytes]:
+        for _ in range(40):
+            yield b"x" * (1 << 18)  # 10 MiB, far over what the agent would drain
+
+    r = http.put(f"/sandboxes/{sandbox}/files/raw", params={"path": "bigdir"}, content=body())
+    assert r.status_code == 400, r.text
+    assert "directory" in r.json()["detail"]
+    assert put_raw(http, sandbox, "fine.bin", b"ok").status_code == 200

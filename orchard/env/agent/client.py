@@ -135,7 +135,8 @@ class AgentClient:
             head += "Content-Type: application/json\r\n"
         chunked = content is not None and not isinstance(content, bytes)
         if chunked:
-            head += "Transfer-Encoding: chunked\r\n"
+            # A streamed body can be large: let the agent refuse it before it is sent.
+            head += "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n"
         elif content:
             head += f"Content-Length: {len(content)}\r\n"
         conn = self._idle.pop() if self._idle else await self._connect()
@@ -146,6 +147,10 @@ class AgentClient:
                 if isinstance(content, bytes):
                     writer.write(content)
                 elif content is not None:
+                    await writer.drain()
+                    status = await self._interim_status(reader)
+                    if status != 100:  # refused up front: that was the final answer
+                        return await self._finish_head(conn, status)
                     async for chunk in content:
                         if chunk:
                             writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
@@ -154,11 +159,7 @@ class AgentClient:
                 await writer.drain()
             except ConnectionError:
                 pass  # the agent may have refused the request early: its answer is readable
-            status = int((await reader.readuntil(b"\r\n")).split(b" ", 2)[1])
-            headers: dict[str, str] = {}
-            while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
-                key, _, value = line.decode("latin-1").partition(":")
-                headers[key.strip().lower()] = value.strip()
+            return await self._finish_head(conn, await self._interim_status(reader))
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 ValueError, IndexError) as e:
             writer.close()
@@ -166,6 +167,20 @@ class AgentClient:
         except BaseException:  # e.g. the upload's source failed: the request is half-sent
             writer.close()
             raise
+
+    @staticmethod
+    async def _interim_status(reader: asyncio.StreamReader) -> int:
+        """The status of the next response head; a 100 Continue's empty head is consumed."""
+        status = int((await reader.readuntil(b"\r\n")).split(b" ", 2)[1])
+        if status == 100:
+            await reader.readuntil(b"\r\n")
+        return status
+
+    async def _finish_head(self, conn: _Stream, status: int) -> AgentResponse:
+        headers: dict[str, str] = {}
+        while (line := await conn[0].readuntil(b"\r\n")) != b"\r\n":
+            key, _, value = line.decode("latin-1").partition(":")
+            headers[key.strip().lower()] = value.strip()
         return AgentResponse(self, conn, status, headers)
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:

@@ -517,6 +517,7 @@ class Conn:
         self.token = token
         self.body_done = True
         self.responded = False
+        self.expects_continue = False
 
     def send(self, status, body=b"", ctype="application/json", headers=()):
         self.responded = True
@@ -540,6 +541,10 @@ class Conn:
         self.sock.sendall(b"0\r\n\r\n")
 
     def body_chunks(self, headers):
+        if self.expects_continue:
+            # The request was accepted: only now may the client send its (large) body.
+            self.expects_continue = False
+            self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
         if headers.get("transfer-encoding", "").lower() == "chunked":
             while True:
                 size = int(self.rfile.readline().split(b";")[0], 16)
@@ -603,6 +608,7 @@ class Conn:
         self.body_done = (headers.get("transfer-encoding", "").lower() != "chunked"
                           and headers.get("content-length", "0").strip() in ("", "0"))
         self.responded = False
+        self.expects_continue = headers.get("expect", "").lower() == "100-continue"
         url = urlsplit(target)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         path = unquote(url.path)
@@ -626,7 +632,7 @@ class Conn:
         if self.responded:
             return False  # a second answer to one request would put the connection out of step
         body = json.dumps({"detail": detail}, separators=(",", ":")).encode()
-        if not self.body_done and headers is not None:
+        if not self.body_done and headers is not None and not self.expects_continue:
             with contextlib.suppress(HTTPError, OSError):
                 drained = 0
                 for chunk in self.body_chunks(headers):
