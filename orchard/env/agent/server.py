@@ -17,7 +17,9 @@ Wire protocol (the orchestrator's ``agent.client`` is the other side):
   GET  /pty?argv=JSON&cols=&rows=  with "Upgrade: orchard-pty" -> 101, then framed bytes both
                     ways: [type u8][len u32][payload]; types: 0 data, 1 resize "cols,rows",
                     2 exit "code".
-Errors are JSON {"detail": "..."} with a 4xx/5xx status.
+Errors are JSON {"detail": "..."} with a 4xx/5xx status. A request with "Expect: 100-continue"
+gets "100 Continue" only once the agent is ready to read its body, so a refused upload is
+never sent; one request never gets two answers (an error after a response closes instead).
 """
 
 import base64
