@@ -133,23 +133,28 @@ async def _load(url: str, ids: list[str], concurrency: int, command: str,
             nonlocal done
             while not stop.is_set():
                 sb = sandboxes[next(cursor) % len(sandboxes)]
-                t0 = time.perf_counter()
-                try:
-                    r = await sb.exec(command)
-                except Exception as exc:  # noqa: BLE001 - counted, reported
-                    failures[_error_key(exc)] += 1
-                    continue
-                times.append(time.perf_counter() - t0)
-                if r.exit_code == 0:
-                    done += 1
-                else:
-                    failures[f"exit code {r.exit_code}"] += 1
+                done += await _timed_exec(sb, command, times, failures)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t_start
     return {"execs": done, "seconds": elapsed, "execs_per_s": done / elapsed,
             "latency_ms": summarize_ms(times), "failures": dict(failures),
             "sandboxes": len(ids), "concurrency": concurrency, "command": command}
+
+
+async def _timed_exec(sb: Any, command: Any, times: list[float],
+                      failures: Counter[str]) -> bool:
+    """One exec, timed into ``times``; failures are counted by cause. True if it exited 0."""
+    t0 = time.perf_counter()
+    try:
+        r = await sb.exec(command)
+    except Exception as exc:  # noqa: BLE001 - counted, reported
+        failures[_error_key(exc)] += 1
+        return False
+    times.append(time.perf_counter() - t0)
+    if r.exit_code != 0:
+        failures[f"exit code {r.exit_code}"] += 1
+    return r.exit_code == 0
 
 
 def load_process(url: str, ids: list[str], concurrency: int, command: str, stop: Any,
@@ -175,17 +180,7 @@ async def _throughput(url: str, ids: list[str], seconds: float) -> dict[str, Any
         async def worker(sb: Any) -> None:
             nonlocal done
             while time.perf_counter() < deadline:
-                t0 = time.perf_counter()
-                try:
-                    r = await sb.exec(["true"])
-                except Exception as exc:  # noqa: BLE001 - counted, reported
-                    failures[_error_key(exc)] += 1
-                    continue
-                times.append(time.perf_counter() - t0)
-                if r.exit_code == 0:
-                    done += 1
-                else:
-                    failures[f"exit code {r.exit_code}"] += 1
+                done += await _timed_exec(sb, ["true"], times, failures)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(sb) for sb in sandboxes))
