@@ -1,0 +1,5 @@
+"""Where sandboxes run: the Backend protocol and its implementations."""
+
+from orchard.env.backends.base import Backend, BackendError, SandboxHandle, SandboxSpec
+
+__all__ = ["Backend", "BackendError", "SandboxHandle", "SandboxSpec"]

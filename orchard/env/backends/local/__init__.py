@@ -1,0 +1,5 @@
+"""The local backend: bubblewrap sandboxes on this machine (root, overlayfs, cgroups)."""
+
+from orchard.env.backends.local.backend import LocalBackend
+
+__all__ = ["LocalBackend"]
