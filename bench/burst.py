@@ -29,14 +29,13 @@ from common import (  # noqa: E402
     base_parser,
     cgroup_pids,
     console,
+    finish,
     group_dirs,
     machine_busy_cpu_s,
-    print_leaks,
     print_table,
     process_cpu_s,
     summarize_ms,
     verdict,
-    write_json,
 )
 
 from orchard.env.client import AsyncSandboxClient, RetryPolicy, SandboxClient  # noqa: E402
@@ -205,11 +204,7 @@ def main() -> int:
         b["machine_busy_cpu_s"] = machine_busy_cpu_s() - busy0
         b["machine_cpu_capacity_s"] = b["wall_s"] * (os.cpu_count() or 1)
         results["after_burst"] = settle(srv.url, srv.data_dir, args.settle_timeout)
-    results["teardown"] = srv.leaks
-    report(args, results)
-    write_json("burst", args, results)
-    print_leaks(srv.leaks)
-    return 1 if srv.leaks.get("leaked") else 0
+    return finish("burst", args, results, srv, report)
 
 
 def report(args: Any, r: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -445,3 +445,14 @@ def create_sandboxes(url: str, n: int, concurrency: int = 16) -> list[str]:
 
 
 CODE_AT_START = code_fingerprint()
+
+
+def finish(name: str, args: Any, results: dict[str, Any], server: BenchServer,
+           report: Callable[[Any, dict[str, Any]], None]) -> int:
+    """Record the server's teardown, print the report, write the JSON; the exit code says
+    whether anything leaked."""
+    results["teardown"] = server.leaks
+    report(args, results)
+    write_json(name, args, results)
+    print_leaks(server.leaks)
+    return 1 if server.leaks.get("leaked") else 0

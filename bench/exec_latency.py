@@ -28,11 +28,10 @@ from common import (  # noqa: E402
     base_parser,
     console,
     create_sandboxes,
-    print_leaks,
+    finish,
     print_table,
     summarize_ms,
     verdict,
-    write_json,
 )
 
 from orchard.env.client import AsyncSandboxClient, SandboxClient  # noqa: E402
@@ -240,11 +239,7 @@ def main() -> int:
             results["throughput"] = asyncio.run(_throughput(srv.url, ids[:k], args.seconds))
         finally:
             client.close()
-    results["teardown"] = srv.leaks
-    report(args, results)
-    write_json("exec_latency", args, results)
-    print_leaks(srv.leaks)
-    return 1 if srv.leaks.get("leaked") else 0
+    return finish("exec_latency", args, results, srv, report)
 
 
 def report(args: Any, r: dict[str, Any]) -> None:

@@ -30,11 +30,10 @@ from common import (  # noqa: E402
     cgroup_pids,
     console,
     create_sandboxes_async,
+    finish,
     percentile,
-    print_leaks,
     print_table,
     sandbox_cgroup,
-    write_json,
 )
 
 from orchard.env.client import AsyncSandboxClient  # noqa: E402
@@ -257,14 +256,10 @@ def main() -> int:
         results["orchestrator_after"] = {**process_memory(server_pid),
                                          "threads": threads(server_pid)}
         results["orchestrator_helpers"] = helper_processes(server_pid, srv.data_dir, ids)
-    results["teardown"] = srv.leaks
     if args.baseline_n:
         results["bare_bwrap"] = bare_bwrap_baseline(args.baseline_n, args.settle)
     results["bare_python"] = bare_python_baseline(args.settle)
-    report(args, results)
-    write_json("idle_memory", args, results)
-    print_leaks(srv.leaks)
-    return 1 if srv.leaks.get("leaked") else 0
+    return finish("idle_memory", args, results, srv, report)
 
 
 def report(args: Any, r: dict[str, Any]) -> None:

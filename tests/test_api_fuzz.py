@@ -43,16 +43,10 @@ def fuzz_url(orchestrator: str, data_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture()
-def api(fuzz_url: str) -> Iterator[httpx.Client]:
+def http(fuzz_url: str) -> Iterator[httpx.Client]:
+    """This module's tests talk to the fuzzing orchestrator (conftest's `sandbox` too)."""
     with httpx.Client(base_url=fuzz_url, timeout=60) as client:
         yield client
-
-
-@pytest.fixture()
-def target(api: httpx.Client) -> Iterator[str]:
-    sid = create_ready(api, {"image": "host"})
-    yield sid
-    api.delete(f"/sandboxes/{sid}")
 
 
 def assert_error(r: httpx.Response | requests.Response, status: int) -> object:
@@ -90,14 +84,14 @@ def _fuzz(strategy: object, examples: int, session: requests.Session,
         failures.append(f"{label}: {exc}")
 
 
-def test_no_operation_answers_with_a_server_error(fuzz_url: str, api: httpx.Client) -> None:
+def test_no_operation_answers_with_a_server_error(fuzz_url: str, http: httpx.Client) -> None:
     schema = schemathesis.openapi.from_url(f"{fuzz_url}/openapi.json")
     # Real ids, so that fuzzed paths, bodies and queries also reach the sandbox's agent.
-    sid = create_ready(api, {"image": "host", "sandbox_id": "fuzz-target"})
+    sid = create_ready(http, {"image": "host", "sandbox_id": "fuzz-target"})
     fixed = {
         "sid": sid,
-        "job_id": run(api, sid, command="echo job")["job_id"],
-        "pid": run(api, sid, command="sleep 600", background=True)["process_id"],
+        "job_id": run(http, sid, command="echo job")["job_id"],
+        "pid": run(http, sid, command="sleep 600", background=True)["process_id"],
     }
     labels: list[str] = []
     failures: list[str] = []
@@ -120,10 +114,10 @@ def test_no_operation_answers_with_a_server_error(fuzz_url: str, api: httpx.Clie
                 _fuzz(strategy, examples, session, failures, seen, what)
 
     # Everything the fuzzer created goes, and goes for good.
-    for sb in api.get("/sandboxes").json()["sandboxes"]:
-        assert api.delete(f"/sandboxes/{sb['sandbox_id']}").status_code == 200
-    assert api.get("/sandboxes").json()["sandboxes"] == []
-    assert api.get("/health").json()["sandboxes"] == 0
+    for sb in http.get("/sandboxes").json()["sandboxes"]:
+        assert http.delete(f"/sandboxes/{sb['sandbox_id']}").status_code == 200
+    assert http.get("/sandboxes").json()["sandboxes"] == []
+    assert http.get("/health").json()["sandboxes"] == 0
 
     # The PTY websocket is not an HTTP operation; everything else was fuzzed.
     assert not any("/pty" in label for label in labels), labels
@@ -141,9 +135,9 @@ def test_no_operation_answers_with_a_server_error(fuzz_url: str, api: httpx.Clie
 # --- malformed requests, by hand ------------------------------------------------------------
 
 
-def test_invalid_json_is_a_422_with_a_message(api: httpx.Client, target: str) -> None:
-    for path in ("/sandboxes", f"/sandboxes/{target}/exec", f"/sandboxes/{target}/apply_patch"):
-        r = api.post(path, content=b'{"command": ', headers={"content-type": "application/json"})
+def test_invalid_json_is_a_422_with_a_message(http: httpx.Client, sandbox: str) -> None:
+    for path in ("/sandboxes", f"/sandboxes/{sandbox}/exec", f"/sandboxes/{sandbox}/apply_patch"):
+        r = http.post(path, content=b'{"command": ', headers={"content-type": "application/json"})
         detail = assert_error(r, 422)
         assert detail[0]["type"] == "json_invalid", detail
         assert "JSON" in detail[0]["msg"]
@@ -156,9 +150,9 @@ def test_invalid_json_is_a_422_with_a_message(api: httpx.Client, target: str) ->
     ("/sandboxes/{sid}/files", {"path": "/workspace/f", "content": "", "owner": "root"}),
     ("/sandboxes/{sid}/files/mkdir", {"path": "/workspace/d", "parents": True}),
 ])
-def test_unknown_fields_are_refused(api: httpx.Client, target: str, route: str,
+def test_unknown_fields_are_refused(http: httpx.Client, sandbox: str, route: str,
                                     body: dict) -> None:
-    detail = assert_error(api.post(route.format(sid=target), json=body), 422)
+    detail = assert_error(http.post(route.format(sid=sandbox), json=body), 422)
     assert [d["type"] for d in detail] == ["extra_forbidden"], detail
     extra = next(k for k in body if k not in ("image", "command", "patch", "path", "content"))
     assert detail[0]["loc"][-1] == extra
@@ -170,32 +164,32 @@ def test_unknown_fields_are_refused(api: httpx.Client, target: str, route: str,
     {"env": {"A": "1"}},
     {"argv": []},
 ])
-def test_exec_needs_exactly_one_program(api: httpx.Client, target: str, body: dict) -> None:
-    detail = assert_error(api.post(f"/sandboxes/{target}/exec", json=body), 422)
+def test_exec_needs_exactly_one_program(http: httpx.Client, sandbox: str, body: dict) -> None:
+    detail = assert_error(http.post(f"/sandboxes/{sandbox}/exec", json=body), 422)
     if body.get("argv") != []:
         assert "exactly one of 'command'" in detail[0]["msg"], detail
 
 
 @pytest.mark.parametrize("bad", ["Upper", "-leading-dash", "a" * 64, "under_score", "", "dot.ted"])
-def test_bad_sandbox_id_is_a_422(api: httpx.Client, bad: str) -> None:
-    detail = assert_error(api.post("/sandboxes", json={"sandbox_id": bad}), 422)
+def test_bad_sandbox_id_is_a_422(http: httpx.Client, bad: str) -> None:
+    detail = assert_error(http.post("/sandboxes", json={"sandbox_id": bad}), 422)
     assert detail[0]["loc"] == ["body", "sandbox_id"], detail
-    assert all(sb["sandbox_id"] != bad for sb in api.get("/sandboxes").json()["sandboxes"])
+    assert all(sb["sandbox_id"] != bad for sb in http.get("/sandboxes").json()["sandboxes"])
 
 
 @pytest.mark.parametrize(("field", "value"), [
     ("cpu", "lots"), ("cpu", "-1"), ("cpu", "0"), ("memory", "12mb"), ("memory", "1.5q"),
     ("memory", "0"),
 ])
-def test_bad_quantity_is_a_400_naming_it(api: httpx.Client, field: str, value: str) -> None:
-    before = len(api.get("/sandboxes").json()["sandboxes"])
-    detail = assert_error(api.post("/sandboxes", json={field: value}), 400)
+def test_bad_quantity_is_a_400_naming_it(http: httpx.Client, field: str, value: str) -> None:
+    before = len(http.get("/sandboxes").json()["sandboxes"])
+    detail = assert_error(http.post("/sandboxes", json={field: value}), 400)
     assert repr(value) in detail and field in detail, detail
-    assert len(api.get("/sandboxes").json()["sandboxes"]) == before  # nothing was created
+    assert len(http.get("/sandboxes").json()["sandboxes"]) == before  # nothing was created
 
 
-def test_json_body_over_the_limit_is_a_413_pointing_at_raw_upload(api: httpx.Client,
-                                                                   target: str) -> None:
+def test_json_body_over_the_limit_is_a_413_pointing_at_raw_upload(http: httpx.Client,
+                                                                   sandbox: str) -> None:
     body = json.dumps({"path": "/workspace/big", "content": "QUJD" * JSON_LIMIT}).encode()
     assert len(body) > JSON_LIMIT
 
@@ -204,56 +198,57 @@ def test_json_body_over_the_limit_is_a_413_pointing_at_raw_upload(api: httpx.Cli
             yield body[i:i + 4096]
 
     for content in (body, chunked()):
-        r = api.post(f"/sandboxes/{target}/files", content=content,
+        r = http.post(f"/sandboxes/{sandbox}/files", content=content,
                      headers={"content-type": "application/json"})
         detail = assert_error(r, 413)
         assert "/files/raw" in detail and str(JSON_LIMIT) in detail, detail
     # Nothing was written, and the server still takes a body under the limit.
-    assert_error(api.get(f"/sandboxes/{target}/files", params={"path": "/workspace/big"}), 404)
-    r = api.post(f"/sandboxes/{target}/files", json={"path": "/workspace/ok", "content": "QUJD"})
+    assert_error(http.get(f"/sandboxes/{sandbox}/files", params={"path": "/workspace/big"}), 404)
+    r = http.post(f"/sandboxes/{sandbox}/files", json={"path": "/workspace/ok", "content": "QUJD"})
     assert r.status_code == 200, r.text
     # A base64 download of a file over the JSON limit is refused the same way.
     data = b"z" * (JSON_LIMIT + 1)
-    r = api.put(f"/sandboxes/{target}/files/raw", params={"path": "/workspace/big"}, content=data)
+    r = http.put(f"/sandboxes/{sandbox}/files/raw", params={"path": "/workspace/big"}, content=data)
     assert r.status_code == 200, r.text
-    detail = assert_error(api.get(f"/sandboxes/{target}/files",
+    detail = assert_error(http.get(f"/sandboxes/{sandbox}/files",
                                   params={"path": "/workspace/big"}), 413)
     assert "/files/raw" in detail
-    assert api.get(f"/sandboxes/{target}/files/raw",
+    assert http.get(f"/sandboxes/{sandbox}/files/raw",
                    params={"path": "/workspace/big"}).content == data
 
 
-def test_raw_upload_over_the_limit_is_a_413(api: httpx.Client, target: str) -> None:
+def test_raw_upload_over_the_limit_is_a_413(http: httpx.Client, sandbox: str) -> None:
     path = {"path": "/workspace/up"}
-    assert api.put(f"/sandboxes/{target}/files/raw", params=path, content=b"old").status_code == 200
+    r = http.put(f"/sandboxes/{sandbox}/files/raw", params=path, content=b"old")
+    assert r.status_code == 200
 
     def chunked() -> Iterator[bytes]:
         for _ in range(UPLOAD_LIMIT // 8192 + 2):
             yield b"n" * 8192
 
     for content in (b"n" * (UPLOAD_LIMIT + 1), chunked()):
-        r = api.put(f"/sandboxes/{target}/files/raw", params=path, content=content)
+        r = http.put(f"/sandboxes/{sandbox}/files/raw", params=path, content=content)
         detail = assert_error(r, 413)
         assert str(UPLOAD_LIMIT) in detail, detail
         # The refused upload left the old file as it was.
-        assert api.get(f"/sandboxes/{target}/files/raw", params=path).content == b"old"
-    r = api.put(f"/sandboxes/{target}/files/raw", params=path, content=b"n" * UPLOAD_LIMIT)
+        assert http.get(f"/sandboxes/{sandbox}/files/raw", params=path).content == b"old"
+    r = http.put(f"/sandboxes/{sandbox}/files/raw", params=path, content=b"n" * UPLOAD_LIMIT)
     assert r.status_code == 200 and r.json()["size"] == UPLOAD_LIMIT, r.text
 
 
-def test_max_output_bytes_over_the_cap_is_a_422(api: httpx.Client, target: str) -> None:
-    r = api.post(f"/sandboxes/{target}/exec", json={"command": "true",
+def test_max_output_bytes_over_the_cap_is_a_422(http: httpx.Client, sandbox: str) -> None:
+    r = http.post(f"/sandboxes/{sandbox}/exec", json={"command": "true",
                                                    "max_output_bytes": (1 << 30) + 1})
     detail = assert_error(r, 422)
     assert detail[0]["loc"] == ["body", "max_output_bytes"], detail
-    r = api.post(f"/sandboxes/{target}/exec", json={"command": "true", "max_output_bytes": -1})
+    r = http.post(f"/sandboxes/{sandbox}/exec", json={"command": "true", "max_output_bytes": -1})
     assert_error(r, 422)
 
 
-def test_unknown_ids_are_404_everywhere(api: httpx.Client, target: str) -> None:
+def test_unknown_ids_are_404_everywhere(http: httpx.Client, sandbox: str) -> None:
     missing = "no-such-sandbox"
-    job = run(api, target, command="true")["job_id"]
-    pid = run(api, target, command="sleep 60", background=True)["process_id"]
+    job = run(http, sandbox, command="true")["job_id"]
+    pid = run(http, sandbox, command="sleep 60", background=True)["process_id"]
     calls: list[tuple[str, str, dict]] = [
         ("GET", f"/sandboxes/{missing}", {}),
         ("DELETE", f"/sandboxes/{missing}", {}),
@@ -276,38 +271,38 @@ def test_unknown_ids_are_404_everywhere(api: httpx.Client, target: str) -> None:
         ("DELETE", f"/sandboxes/{missing}/processes/{pid}", {}),
         ("GET", "/jobs/job-0000000000000000", {}),
         ("GET", "/jobs/job-0000000000000000/wait", {"params": {"timeout": 1}}),
-        ("GET", f"/sandboxes/{target}/processes/proc-nope", {}),
-        ("GET", f"/sandboxes/{target}/processes/proc-nope/output", {}),
-        ("DELETE", f"/sandboxes/{target}/processes/proc-nope", {}),
-        ("GET", f"/sandboxes/{target}/files", {"params": {"path": "/workspace/nope"}}),
-        ("GET", f"/sandboxes/{target}/files/raw", {"params": {"path": "/workspace/nope"}}),
-        ("GET", f"/sandboxes/{target}/files/list", {"params": {"path": "/workspace/nope"}}),
-        ("DELETE", f"/sandboxes/{target}/files", {"params": {"path": "/workspace/nope"}}),
+        ("GET", f"/sandboxes/{sandbox}/processes/proc-nope", {}),
+        ("GET", f"/sandboxes/{sandbox}/processes/proc-nope/output", {}),
+        ("DELETE", f"/sandboxes/{sandbox}/processes/proc-nope", {}),
+        ("GET", f"/sandboxes/{sandbox}/files", {"params": {"path": "/workspace/nope"}}),
+        ("GET", f"/sandboxes/{sandbox}/files/raw", {"params": {"path": "/workspace/nope"}}),
+        ("GET", f"/sandboxes/{sandbox}/files/list", {"params": {"path": "/workspace/nope"}}),
+        ("DELETE", f"/sandboxes/{sandbox}/files", {"params": {"path": "/workspace/nope"}}),
     ]
     for method, path, kwargs in calls:
-        r = api.request(method, path, **kwargs)
+        r = http.request(method, path, **kwargs)
         detail = assert_error(r, 404)
         assert "nope" in detail or missing in detail or "job-0000" in detail, (path, detail)
     # The real ones answer: the 404s above were about the ids, not the routes.
-    assert api.get(f"/jobs/{job}").status_code == 200
-    assert api.get(f"/sandboxes/{target}/processes/{pid}").status_code == 200
-    assert api.delete(f"/sandboxes/{target}/processes/{pid}").status_code == 200
+    assert http.get(f"/jobs/{job}").status_code == 200
+    assert http.get(f"/sandboxes/{sandbox}/processes/{pid}").status_code == 200
+    assert http.delete(f"/sandboxes/{sandbox}/processes/{pid}").status_code == 200
 
 
 @pytest.mark.parametrize("pid", ["x y", "x\r\nX-Injected: 1", "p1?stdout_offset=5", "a%2Fb", "é"])
-def test_process_ids_cannot_smuggle_into_the_agent_request(api: httpx.Client, target: str,
+def test_process_ids_cannot_smuggle_into_the_agent_request(http: httpx.Client, sandbox: str,
                                                            pid: str) -> None:
-    real = run(api, target, command="echo real; sleep 60", background=True)["process_id"]
-    base = f"/sandboxes/{target}/processes/{quote(pid, safe='')}"
+    real = run(http, sandbox, command="echo real; sleep 60", background=True)["process_id"]
+    base = f"/sandboxes/{sandbox}/processes/{quote(pid, safe='')}"
     for method, path in (("GET", base), ("GET", f"{base}/output"), ("DELETE", base)):
-        detail = assert_error(api.request(method, path), 404)
+        detail = assert_error(http.request(method, path), 404)
         assert repr(pid) in detail, (pid, detail)  # the whole id reached the agent, as one id
         # The pooled agent connection is still in step: the next answers are the right ones.
-        listing = api.get(f"/sandboxes/{target}/processes")
+        listing = http.get(f"/sandboxes/{sandbox}/processes")
         assert listing.status_code == 200, listing.text
         assert real in [p["process_id"] for p in listing.json()["processes"]]
-        assert run(api, target, command="echo still")["stdout"] == "still\n"
-    assert api.get(f"/sandboxes/{target}/processes/{real}").json()["running"]
+        assert run(http, sandbox, command="echo still")["stdout"] == "still\n"
+    assert http.get(f"/sandboxes/{sandbox}/processes/{real}").json()["running"]
 
 
 def test_fork_server_survives_a_client_that_hangs_up(orchestrator: str, data_dir: Path) -> None:
