@@ -2,10 +2,10 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux
+APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux redis-server
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint bench clean
+.PHONY: setup system-deps demo test lint bench validate-manifests clean
 
 setup: system-deps $(STAMP)
 
@@ -34,6 +34,9 @@ lint: setup
 
 test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider
+
+validate-manifests: setup
+	$(PY) deploy/validate.py
 
 bench: setup
 	$(PY) bench/exec_latency.py

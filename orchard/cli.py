@@ -8,6 +8,7 @@ import select
 import shutil
 import signal
 import sys
+import tempfile
 import termios
 import threading
 import tty
@@ -94,8 +95,15 @@ def main(
 def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
-    backend: str = "local",
-    state: Annotated[str | None, typer.Option(help="State store URL, e.g. sqlite:///PATH.")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="YAML settings file (see docs/guides/operations.md).")
+    ] = None,
+    backend: Annotated[str | None, typer.Option(help="local (default) or kubernetes.")] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(help="State store URL: sqlite:///PATH or redis://HOST:PORT/DB "
+                     "(also ORCHARD_STATE)."),
+    ] = None,
     api_key: Annotated[
         list[str] | None,
         typer.Option(help="Accepted API key (repeatable; also ORCHARD_API_KEYS=k1,k2)."),
@@ -103,25 +111,36 @@ def serve(
     data_dir: Annotated[Path | None, typer.Option(help="Where sandboxes live.")] = None,
     max_sandboxes: int | None = None,
     max_concurrent_creates: int | None = None,
+    reconcile_interval: float | None = None,
     log_level: str = "info",
 ) -> None:
     """Run the orchestrator."""
     # The server drags in FastAPI and the backends, which the client commands do not need.
     from orchard.env.server import serve as run_server
 
-    from_env = [k.strip() for k in os.environ.get("ORCHARD_API_KEYS", "").split(",")]
-    keys = list(dict.fromkeys([*(api_key or []), *filter(None, from_env)]))
     run_server(
-        host=host,
-        port=port,
-        backend=backend,
-        state=state,
-        api_keys=keys,
-        data_dir=data_dir,
-        max_sandboxes=max_sandboxes,
-        max_concurrent_creates=max_concurrent_creates,
-        log_level=log_level,
+        host=host, port=port, config=config, log_level=log_level, backend=backend,
+        state=state, api_keys=api_key or None, data_dir=data_dir, max_sandboxes=max_sandboxes,
+        max_concurrent_creates=max_concurrent_creates, reconcile_interval=reconcile_interval,
     )
+
+
+@app.command("agent-bundle")
+def agent_bundle(
+    out: Annotated[Path, typer.Argument(help="Directory to write the bundle to (must not exist).")],
+) -> None:
+    """Build the agent bundle (interpreter + agent) for an agent-injector image."""
+    from orchard.env.backends.local.bundle import BundleError, ensure_bundle
+
+    if out.exists():
+        raise typer.BadParameter(f"{out} exists; give a new directory")
+    with tempfile.TemporaryDirectory() as cache:
+        try:
+            built = ensure_bundle(Path(cache))
+        except BundleError as e:
+            raise typer.BadParameter(f"cannot build the bundle: {e}") from None
+        shutil.copytree(built, out, symlinks=True)
+    typer.echo(f"agent bundle written to {out} (mount it at /.orchard/bundle)")
 
 
 @sandbox_app.command("create")

@@ -14,6 +14,9 @@ import httpx
 import pytest
 
 from orchard.env.server import EmbeddedOrchestrator
+from tests.fakekube.cluster import FakeCluster
+
+pytest_plugins = ["tests.redis_server"]
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None,
@@ -90,3 +93,24 @@ def dedicated_orchestrator(session_data: Path, **settings: object) -> Iterator[s
     with short_data_dir(session_data) as short, EmbeddedOrchestrator(
             data_dir=short, reconcile_interval=0.5, **settings) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def fake_cluster(data_dir: Path, orchestrator: str) -> Iterator[FakeCluster]:
+    """A fake Kubernetes cluster (API server + kubelet running pods as local sandboxes),
+    shared by the session; it reuses the bundle the session orchestrator built."""
+    short = Path(tempfile.mkdtemp(prefix="/tmp/orc-k8s-"))
+    (short / "kubelet").mkdir()
+    (short / "kubelet" / "bundle").symlink_to(data_dir / "local" / "bundle")
+    try:
+        with FakeCluster(short) as cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def kube_settings(cluster: FakeCluster, **kubernetes: object) -> dict[str, object]:
+    """Orchestrator settings for the kubernetes backend on the fake cluster."""
+    return {"backend": "kubernetes", "reconcile_interval": 0.5,
+            "kubernetes": {"kubeconfig": str(cluster.kubeconfig), "agent_secret": "test-secret",
+                           **kubernetes}}

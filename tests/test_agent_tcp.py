@@ -21,15 +21,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture()
-def tcp_agent(tmp_path: Path) -> Iterator[tuple[str, str]]:
+@pytest.fixture(params=["file", "env"])
+def tcp_agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The agent as a pod runs it: on TCP with a token, from a file or (as on Kubernetes) from
+    an environment variable."""
     token = "s3cret-token"
     (tmp_path / "token").write_text(token + "\n")
     port = _free_port()
+    source = (["--token-file", str(tmp_path / "token")] if request.param == "file"
+              else ["--token-env", "ORCHARD_AGENT_TOKEN"])
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", "-B", agent_module.__file__, "--tcp", f"127.0.0.1:{port}",
-         "--token-file", str(tmp_path / "token")],
+         *source],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin",
+             **({"ORCHARD_AGENT_TOKEN": token} if request.param == "env" else {})},
     )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -73,5 +79,42 @@ async def test_unreachable_agent_says_so() -> None:
         with pytest.raises(AgentUnreachable) as err:
             await client.health()
         assert "unreachable" in err.value.detail
+    finally:
+        await client.close()
+
+
+async def test_token_is_not_inherited_by_commands(tcp_agent: tuple[str, str]) -> None:
+    address, token = tcp_agent
+    client = AgentClient(address, token=token)
+    try:
+        result = await client.exec({"command": "env", "cwd": "/"})
+        assert result["exit_code"] == 0 and token not in result["stdout"]
+    finally:
+        await client.close()
+
+
+async def test_health_answers_probes_without_the_token(tcp_agent: tuple[str, str]) -> None:
+    address, _ = tcp_agent
+    client = AgentClient(address)  # a kubelet probe carries no secret
+    try:
+        assert await client.health() == {"status": "ok"}  # and learns nothing else
+        with pytest.raises(AgentError) as err:
+            await client.processes()
+        assert err.value.status == 401
+    finally:
+        await client.close()
+
+
+async def test_stale_fencing_token_is_refused(tcp_agent: tuple[str, str]) -> None:
+    address, token = tcp_agent
+    client = AgentClient(address, token=token)
+    try:
+        req = {"argv": ["true"], "cwd": "/"}
+        assert (await client.exec(req, fence=5))["exit_code"] == 0
+        assert (await client.exec(req, fence=5))["exit_code"] == 0  # the same holder again
+        with pytest.raises(AgentError) as err:
+            await client.exec(req, fence=4)  # a holder whose lock expired and was re-granted
+        assert err.value.status == 409 and "stale fencing token 4" in err.value.detail
+        assert (await client.exec(req, fence=6))["exit_code"] == 0
     finally:
         await client.close()

@@ -336,7 +336,7 @@ def test_restart_readopts_and_removes_orphans(short_tmp: Path, tmp_path: Path, d
             assert run(http, keep, command="cat /workspace/f")["stdout"] == "persisted\n"
             # The job that was running when the orchestrator died is not left "running".
             job = http.get(f"/jobs/{job_id}").json()
-            assert job["status"] == "failed" and "restarted" in job["error"], job
+            assert job["status"] == "failed" and "stopped" in job["error"], job
             assert wait_until(lambda: gone(orphan, d) and not cgroup_pids(orphan), 8)
             assert http.get(f"/sandboxes/{orphan}").status_code == 404
             assert cgroup_pids(keep)

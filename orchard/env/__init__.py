@@ -20,8 +20,12 @@ _LAZY = {
     "Backend": "orchard.env.backends.base",
     "SandboxSpec": "orchard.env.backends.base",
     "SandboxHandle": "orchard.env.backends.base",
+    "KubernetesBackend": "orchard.env.backends.kubernetes",
+    "KubernetesConfig": "orchard.env.backends.kubernetes",
     "StateStore": "orchard.env.state.base",
     "SqliteStore": "orchard.env.state.sqlite",
+    "RedisStore": "orchard.env.state.redis",
+    "open_store": "orchard.env.state",
 }
 
 __all__ = ["AsyncSandbox", "AsyncSandboxClient", "Sandbox", "SandboxClient", *_LAZY]

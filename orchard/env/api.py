@@ -243,7 +243,7 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
               responses=ERRORS)
     async def apply_patch(sid: str, req: PatchRequest) -> PatchResponse:
         payload = {"patch": req.patch, "cwd": req.cwd, "timeout": req.timeout_seconds}
-        result = await agent_call(sid)(service.agent(sid).patch(payload))
+        result = await agent_call(sid)((await service.agent(sid)).patch(payload))
         return PatchResponse(**result)
 
     # --- files ---------------------------------------------------------------------------
@@ -255,13 +255,14 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
             data = base64.b64decode(req.content, validate=True)
         except ValueError as e:
             raise BadRequest(f"'content' is not valid base64: {e}") from None
-        result = await agent_call(sid)(service.agent(sid).put_file(req.path, data, req.mode))
+        agent = await service.agent(sid)
+        result = await agent_call(sid)(agent.put_file(req.path, data, req.mode))
         return FileWriteResult(**result)
 
     @app.get("/sandboxes/{sid}/files", response_model=FileDownload, dependencies=secured,
              responses=ERRORS)
     async def download_b64(sid: str, path: str) -> FileDownload:
-        r = await agent_call(sid)(service.agent(sid).open_file(path))
+        r = await agent_call(sid)((await service.agent(sid)).open_file(path))
         try:
             size = int(r.headers.get("content-length", 0))
             if size > settings.max_json_body:
@@ -277,7 +278,7 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     async def upload_raw(sid: str, path: str, request: Request,
                          mode: Annotated[int | None, Query(ge=0, le=0o7777)] = None
                          ) -> FileWriteResult:
-        agent = service.agent(sid)
+        agent = (await service.agent(sid))
         limit = settings.max_upload_bytes
 
         async def body() -> AsyncIterator[bytes]:
@@ -296,7 +297,7 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     @app.get("/sandboxes/{sid}/files/raw", dependencies=secured, responses=ERRORS,
              response_class=StreamingResponse)
     async def download_raw(sid: str, path: str) -> StreamingResponse:
-        r = await agent_call(sid)(service.agent(sid).open_file(path))
+        r = await agent_call(sid)((await service.agent(sid)).open_file(path))
         headers = {"Content-Length": r.headers["content-length"]}
         return StreamingResponse(r.aiter_raw(), media_type="application/octet-stream",
                                  headers=headers, background=BackgroundTask(r.aclose))
@@ -304,40 +305,40 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     @app.get("/sandboxes/{sid}/files/list", response_model=FileList, dependencies=secured,
              responses=ERRORS)
     async def list_files(sid: str, path: str = "/workspace") -> FileList:
-        return FileList(**await agent_call(sid)(service.agent(sid).list_files(path)))
+        return FileList(**await agent_call(sid)((await service.agent(sid)).list_files(path)))
 
     @app.post("/sandboxes/{sid}/files/mkdir", dependencies=secured, responses=ERRORS)
     async def mkdir(sid: str, req: PathRequest) -> dict[str, str]:
-        return await agent_call(sid)(service.agent(sid).mkdir(req.path))
+        return await agent_call(sid)((await service.agent(sid)).mkdir(req.path))
 
     @app.delete("/sandboxes/{sid}/files", dependencies=secured, responses=ERRORS)
     async def remove(sid: str, path: str, recursive: bool = False) -> dict[str, str]:
-        return await agent_call(sid)(service.agent(sid).remove(path, recursive))
+        return await agent_call(sid)((await service.agent(sid)).remove(path, recursive))
 
     # --- background processes -------------------------------------------------------------
 
     @app.get("/sandboxes/{sid}/processes", response_model=ProcessList, dependencies=secured,
              responses=ERRORS)
     async def list_processes(sid: str) -> ProcessList:
-        listing = await agent_call(sid)(service.agent(sid).processes())
+        listing = await agent_call(sid)((await service.agent(sid)).processes())
         return ProcessList(processes=[_process(sid, p) for p in listing["processes"]])
 
     @app.get("/sandboxes/{sid}/processes/{pid}", response_model=ProcessInfo,
              dependencies=secured, responses=ERRORS)
     async def get_process(sid: str, pid: str) -> ProcessInfo:
-        return _process(sid, await agent_call(sid)(service.agent(sid).process(_seg(pid))))
+        return _process(sid, await agent_call(sid)((await service.agent(sid)).process(_seg(pid))))
 
     @app.get("/sandboxes/{sid}/processes/{pid}/output", response_model=ProcessOutput,
              dependencies=secured, responses=ERRORS)
     async def process_output(sid: str, pid: str, stdout_offset: Annotated[int, Query(ge=0)] = 0,
                              stderr_offset: Annotated[int, Query(ge=0)] = 0) -> ProcessOutput:
-        out = service.agent(sid).process_output(_seg(pid), stdout_offset, stderr_offset)
+        out = (await service.agent(sid)).process_output(_seg(pid), stdout_offset, stderr_offset)
         return ProcessOutput(**await agent_call(sid)(out))
 
     @app.delete("/sandboxes/{sid}/processes/{pid}", response_model=ProcessInfo,
                 dependencies=secured, responses=ERRORS)
     async def kill_process(sid: str, pid: str) -> ProcessInfo:
-        agent = service.agent(sid)
+        agent = (await service.agent(sid))
         return _process(sid, await agent_call(sid)(agent.process(_seg(pid), "DELETE")))
 
     # --- PTY ------------------------------------------------------------------------------
@@ -349,7 +350,7 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
             _check_key(settings.api_keys, ws.headers.get("x-api-key")
                        or _bearer(ws.headers.get("authorization")))
             argv = ["/bin/sh", "-c", f"exec {command}"] if " " in command else [command]
-            channel = await service.agent(sid).open_pty(argv, cols, rows)
+            channel = await (await service.agent(sid)).open_pty(argv, cols, rows)
         except (ServiceError, AgentError) as e:
             # Accept first: a close before accept is an HTTP 403 that loses code and reason.
             await ws.accept()

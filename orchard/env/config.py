@@ -8,6 +8,8 @@ from pathlib import Path
 import platformdirs
 from pydantic import BaseModel, Field
 
+from orchard.env.backends.kubernetes.config import KubernetesConfig
+
 
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("orchard"))
@@ -15,8 +17,11 @@ def default_data_dir() -> Path:
 
 class Settings(BaseModel):
     data_dir: Path = Field(default_factory=default_data_dir)
-    state: str | None = Field(None, description="sqlite:///PATH; default <data_dir>/state.db")
-    backend: str = "local"
+    state: str | None = Field(
+        None, description="sqlite:///PATH (default <data_dir>/state.db) or redis://HOST:PORT/DB "
+        "(several replicas sharing state)")
+    backend: str = Field("local", description="local or kubernetes")
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     api_keys: list[str] = Field(default_factory=list)
     max_sandboxes: int = Field(2000, ge=1)
     max_concurrent_creates: int = Field(64, ge=1)

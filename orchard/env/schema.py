@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SANDBOX_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+SANDBOX_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # a DNS label: also a pod name
 MAX_OUTPUT_BYTES_DEFAULT = 10 * 1024 * 1024
 
 
@@ -56,6 +56,9 @@ class CreateSandboxRequest(_Strict):
     )
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
     env: dict[str, str] = Field(default_factory=dict, description="Default env for every exec.")
+    exclusive_exec: bool = Field(
+        False, description="Run this sandbox's execs one at a time, across all orchestrator "
+        "replicas (later ones queue, up to their own timeout).")
 
     @field_validator("labels")
     @classmethod
@@ -90,6 +93,8 @@ class SandboxInfo(BaseModel):
     error: str | None = None
     limits: dict[str, LimitReport] = Field(default_factory=dict)
     backend: str = "local"
+    exclusive_exec: bool = False
+    replica: str | None = Field(None, description="The orchestrator replica that launched it.")
 
 
 class SandboxList(BaseModel):
@@ -154,6 +159,7 @@ class Job(BaseModel):
     started_at: datetime | None = None
     completed_at: datetime | None = None
     error: str | None = None
+    replica: str | None = Field(None, description="The orchestrator replica that ran it.")
 
 
 class JobAccepted(BaseModel):

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+import yaml
 from fastapi import FastAPI
+from pydantic import ValidationError
 
 from orchard.env.api import create_app
 from orchard.env.backends.base import Backend
 from orchard.env.config import Settings
 from orchard.env.service import SandboxService
-from orchard.env.state.sqlite import SqliteStore, sqlite_path
+from orchard.env.state import open_store
 
 
 def make_backend(settings: Settings, embedded: bool = False) -> Backend:
@@ -29,7 +31,11 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
         from orchard.env.backends.local.backend import LocalBackend
 
         return LocalBackend(settings.data_dir / "local", die_with_orchestrator=embedded)
-    raise ValueError(f"unknown backend {settings.backend!r}; this build supports: local")
+    if settings.backend == "kubernetes":
+        from orchard.env.backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(settings.kubernetes)
+    raise ValueError(f"unknown backend {settings.backend!r}; choose local or kubernetes")
 
 
 def build_app(settings: Settings, delete_on_shutdown: bool = False) -> FastAPI:
@@ -41,11 +47,12 @@ def build_app(settings: Settings, delete_on_shutdown: bool = False) -> FastAPI:
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     backend = make_backend(settings, embedded=delete_on_shutdown)
-    store = SqliteStore(sqlite_path(settings.state_url()))
+    store = open_store(settings.state_url())
     service = SandboxService(backend, store, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await backend.start()
         await service.start()
         try:
             yield
@@ -68,25 +75,40 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000, backend: str = "local",
-          state: str | None = None, api_keys: list[str] | None = None,
-          data_dir: Path | None = None, max_sandboxes: int | None = None,
-          max_concurrent_creates: int | None = None, log_level: str = "info") -> None:
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from a YAML file (any Settings field, e.g. a `kubernetes:` section), then the
+    environment (ORCHARD_STATE, ORCHARD_API_KEYS: secrets stay out of config files), then
+    overrides that are not None."""
+    data: dict[str, Any] = {}
+    if config is not None:
+        try:
+            data = yaml.safe_load(config.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise SystemExit(f"cannot read config file {config}: {e}") from None
+        if not isinstance(data, dict):
+            raise SystemExit(f"config file {config} must hold a mapping of settings")
+    if os.environ.get("ORCHARD_STATE"):
+        data["state"] = os.environ["ORCHARD_STATE"]
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    from_env = filter(None, os.environ.get("ORCHARD_API_KEYS", "").split(","))
+    data["api_keys"] = list(dict.fromkeys([*data.get("api_keys", []),
+                                           *(k.strip() for k in from_env)]))
+    try:
+        return Settings(**data)
+    except ValidationError as e:
+        raise SystemExit(f"invalid settings{f' in {config}' if config else ''}: {e}") from None
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, config: Path | None = None,
+          log_level: str = "info", **overrides: Any) -> None:
     """Run the orchestrator until interrupted. Sandboxes outlive it and are re-adopted."""
-    keys = [*(api_keys or []), *filter(None, os.environ.get("ORCHARD_API_KEYS", "").split(","))]
-    if not _is_loopback(host) and not keys:
+    settings = load_settings(config, **overrides)
+    if not _is_loopback(host) and not settings.api_keys:
         raise SystemExit(f"refusing to listen on {host} without API keys: pass --api-key KEY "
                          "(or set ORCHARD_API_KEYS), or listen on 127.0.0.1")
-    options: dict[str, Any] = {"backend": backend, "state": state, "api_keys": keys}
-    if data_dir is not None:
-        options["data_dir"] = data_dir
-    if max_sandboxes is not None:
-        options["max_sandboxes"] = max_sandboxes
-    if max_concurrent_creates is not None:
-        options["max_concurrent_creates"] = max_concurrent_creates
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent call otherwise
-    app = build_app(Settings(**options))
+    app = build_app(settings)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=10)
 

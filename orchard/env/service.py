@@ -11,9 +11,11 @@ import base64
 import contextlib
 import json
 import logging
+import os
+import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,11 +31,12 @@ from orchard.env.schema import (
     Job,
     JobAccepted,
     JobStatus,
+    LimitReport,
     ProcessInfo,
     SandboxInfo,
     SandboxStatus,
 )
-from orchard.env.state.base import StateStore
+from orchard.env.state.base import LockLost, LockTimeout, StateStore
 
 log = logging.getLogger("orchard.env")
 LIVE = (SandboxStatus.pending, SandboxStatus.running)
@@ -47,47 +50,53 @@ def _utc(ts: float | None = None) -> datetime:
     return datetime.fromtimestamp(time.time() if ts is None else ts, UTC)
 
 
+def _became_ready(limits: dict[str, LimitReport]) -> Callable[[SandboxInfo], bool]:
+    def change(rec: SandboxInfo) -> bool:
+        if rec.status != SandboxStatus.pending:
+            return False
+        rec.status, rec.ready_at, rec.limits = SandboxStatus.running, _utc(), limits
+        return True
+    return change
+
+
+def replica_id() -> str:
+    """Unique per process start: a restarted orchestrator is a new replica, so jobs it ran
+    before the restart are recognisably orphaned."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
 class SandboxService:
+    """Records live in the store, which several replicas may share: every decision re-reads
+    the record, and every change goes through `_update` under the record's lock, so two
+    replicas never overwrite each other's transitions (e.g. resurrect a deleted sandbox)."""
+
     def __init__(self, backend: Backend, store: StateStore, settings: Settings,
                  metrics: Metrics | None = None) -> None:
         self.backend = backend
         self.store = store
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self._records: dict[str, SandboxInfo] = {}
+        self.replica = replica_id()
+        # Live records as of the last reconcile plus this replica's own changes since: the
+        # admission count reads it (approximate across replicas by one reconcile interval).
+        self._live: dict[str, SandboxInfo] = {}
         self._agents: dict[str, AgentClient] = {}
-        self._ready: dict[str, asyncio.Event] = {}
         self._launches: dict[str, asyncio.Task[None]] = {}
         self._teardowns: dict[str, asyncio.Task[None]] = {}
-        self._jobs: dict[str, Job] = {}
-        self._job_done: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reconciler: asyncio.Task[None] | None = None
         self.creates_in_flight = 0
 
+    @property
+    def beat_ttl(self) -> float:
+        """How long this replica counts as alive after a beat: three missed passes."""
+        return 3 * self.settings.reconcile_interval + 2
+
     # --- start / stop -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Re-adopt every live sandbox on record, then reconcile (removing orphans)."""
-        for rec in await self.store.list_sandboxes():
-            if rec.status not in LIVE:
-                continue
-            handle = await self.backend.adopt(rec.sandbox_id) if rec.status == "running" else None
-            if handle is None:
-                rec.status, rec.error = SandboxStatus.failed, (
-                    "sandbox was lost while the orchestrator was down; delete and recreate it")
-                await self.backend.delete(rec.sandbox_id)
-            else:
-                self._agents[rec.sandbox_id] = AgentClient(handle.address)
-                log.info("re-adopted sandbox %s", rec.sandbox_id)
-            self._remember(rec)
-            await self.store.put_sandbox(rec)
-        for job in await self.store.unfinished_jobs():
-            # Its result went to an orchestrator that no longer exists: say so, don't hang.
-            job.status, job.completed_at = JobStatus.failed, _utc()
-            job.error = ("the orchestrator restarted while this job ran; its result is lost "
-                         "(the command may have finished in the sandbox)")
-            await self.store.put_job(job)
+        """Adopt what the store and the backend hold (a restart or another replica's work),
+        fail what can no longer finish, remove orphans; then keep reconciling."""
         await self.reconcile_once()
         self._reconciler = asyncio.create_task(self._reconcile_loop())
 
@@ -97,8 +106,9 @@ class SandboxService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reconciler
         if delete_all:
-            for sid in [s for s, r in self._records.items() if r.status in LIVE]:
-                await self.delete(sid)
+            for rec in await self.store.list_sandboxes():
+                if rec.status in LIVE and (rec.replica == self.replica or not self.store.shared):
+                    await self.delete(rec.sandbox_id)
         pending = [*self._teardowns.values(), *self._launches.values(), *self._tasks]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
@@ -106,30 +116,48 @@ class SandboxService:
             await agent.close()
         self._agents.clear()
 
-    # --- lifecycle --------------------------------------------------------------------------
+    # --- records ----------------------------------------------------------------------------
 
-    def _remember(self, rec: SandboxInfo) -> None:
-        self._records[rec.sandbox_id] = rec
-        self._ready.setdefault(rec.sandbox_id, asyncio.Event())
-        if rec.status != SandboxStatus.pending:
-            self._ready[rec.sandbox_id].set()
+    async def _update(self, sid: str,
+                      change: Callable[[SandboxInfo], bool]) -> SandboxInfo | None:
+        """Apply change to the stored record under its lock; change returns False to leave
+        it as it is. Returns the record as it now stands (None if there is none)."""
+        async with self.store.lock(f"record:{sid}", ttl=15, timeout=30):
+            rec = await self.store.get_sandbox(sid)
+            if rec is None or not change(rec):
+                return rec
+            await self.store.put_sandbox(rec)
+        if rec.status in LIVE:
+            self._live[sid] = rec
+        else:
+            self._live.pop(sid, None)
+        await self.store.publish(f"sandbox:{sid}")
+        return rec
+
+    async def _fail(self, sid: str, reason: str, only_if: SandboxStatus | None = None) -> None:
+        def change(rec: SandboxInfo) -> bool:
+            if rec.status not in LIVE or only_if is not None and rec.status != only_if:
+                return False
+            rec.status, rec.error = SandboxStatus.failed, reason
+            return True
+
+        rec = await self._update(sid, change)
+        if rec is not None and rec.status == SandboxStatus.failed:
+            log.warning("sandbox %s failed: %s", sid, reason)
+            self._start_teardown(sid)
 
     def active_count(self) -> int:
-        return sum(1 for r in self._records.values() if r.status in LIVE)
+        return len(self._live)
+
+    # --- lifecycle --------------------------------------------------------------------------
 
     async def create(self, req: CreateSandboxRequest) -> SandboxInfo:
         sid = req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}"
-        existing = self._records.get(sid)
-        if existing is not None and existing.status not in (SandboxStatus.deleted,
-                                                            SandboxStatus.failed):
-            raise Conflict(f"sandbox {sid} already exists ({existing.status.value}); choose "
-                           "another sandbox_id or delete it first")
-        if sid in self._teardowns:
-            raise Overloaded(f"sandbox {sid} is still being torn down; retry shortly", 1)
-        if req.image != "host" and not req.image.startswith("/"):
-            raise BadRequest(f"image {req.image!r} must be 'host' or an absolute path to a "
-                             "rootfs directory, an OCI layout or an image archive on the server")
+        spec = SandboxSpec(sandbox_id=sid, image=req.image, block_network=req.block_network,
+                           cpu=req.cpu, memory=req.memory, pids=req.pids, env=req.env,
+                           labels=req.labels)
         try:
+            self.backend.check(spec)
             cpu = parse_cpu(req.cpu) if req.cpu is not None else None
             memory = parse_memory(req.memory) if req.memory is not None else None
         except ValueError as e:
@@ -142,71 +170,73 @@ class SandboxService:
         if self.creates_in_flight >= self.settings.max_concurrent_creates:
             raise Overloaded(f"{self.creates_in_flight} creates in flight (the maximum); retry "
                              "after the delay in Retry-After", 1)
+        if sid in self._teardowns:
+            raise Overloaded(f"sandbox {sid} is still being torn down; retry shortly", 1)
         now = time.time()
         rec = SandboxInfo(
             sandbox_id=sid, status=SandboxStatus.pending, image=req.image,
             block_network=req.block_network, cpu=req.cpu, memory=req.memory, pids=req.pids,
             labels=req.labels, created_at=_utc(now),
             expires_at=_utc(now + (req.timeout or self.settings.default_ttl)),
-            backend=self.backend.name,
+            backend=self.backend.name, exclusive_exec=req.exclusive_exec, replica=self.replica,
         )
-        self._ready.pop(sid, None)
-        self._remember(rec)
-        await self.store.put_sandbox(rec)
+        async with self.store.lock(f"record:{sid}", ttl=15, timeout=30):
+            existing = await self.store.get_sandbox(sid)
+            if existing is not None and existing.status in LIVE:
+                raise Conflict(f"sandbox {sid} already exists ({existing.status.value}); "
+                               "choose another sandbox_id or delete it first")
+            await self.store.put_sandbox(rec)
+        self._live[sid] = rec
         self.creates_in_flight += 1
-        spec = SandboxSpec(sandbox_id=sid, image=req.image, block_network=req.block_network,
-                           cpu=req.cpu, memory=req.memory, pids=req.pids, env=req.env)
-        self._launches[sid] = asyncio.create_task(self._launch(rec, spec))
+        self._launches[sid] = asyncio.create_task(self._launch(spec))
         return rec
 
-    async def _launch(self, rec: SandboxInfo, spec: SandboxSpec) -> None:
+    async def _launch(self, spec: SandboxSpec) -> None:
+        sid = spec.sandbox_id
         t0 = time.perf_counter()
         try:
             handle = await self.backend.create(spec)
-            self._agents[rec.sandbox_id] = AgentClient(handle.address)
-            rec.status, rec.ready_at, rec.limits = SandboxStatus.running, _utc(), handle.limits
-            self.metrics.create_seconds.observe(time.perf_counter() - t0)
-            self.metrics.creates.labels("ok").inc()
         except asyncio.CancelledError:
-            rec.status = SandboxStatus.deleted
-            raise
+            raise  # a delete cancelled us and already recorded it
         except Exception as e:  # noqa: BLE001 - any failure becomes the record's error
-            rec.status = SandboxStatus.failed
-            rec.error = str(e) if isinstance(e, BackendError) else f"{type(e).__name__}: {e}"
-            log.warning("sandbox %s failed to start: %s", rec.sandbox_id, rec.error)
             self.metrics.creates.labels("failed").inc()
+            await self._fail(sid, str(e) if isinstance(e, BackendError)
+                             else f"{type(e).__name__}: {e}")
+            return
         finally:
             self.creates_in_flight -= 1
-            self._launches.pop(rec.sandbox_id, None)
-            await self.store.put_sandbox(rec)
-            self._ready[rec.sandbox_id].set()
-
-    def _get(self, sid: str) -> SandboxInfo:
-        rec = self._records.get(sid)
-        if rec is None:
-            raise NotFound(f"no sandbox {sid!r}; list them with GET /sandboxes")
-        return rec
+            self._launches.pop(sid, None)
+        self.metrics.create_seconds.observe(time.perf_counter() - t0)
+        self.metrics.creates.labels("ok").inc()
+        self._agents[sid] = AgentClient(handle.address, token=handle.token)
+        rec = await self._update(sid, _became_ready(handle.limits))
+        if rec is None or rec.status != SandboxStatus.running:
+            # Deleted (or failed) while it started, perhaps through another replica.
+            self._start_teardown(sid)
 
     async def get(self, sid: str) -> SandboxInfo:
-        rec = self._records.get(sid) or await self.store.get_sandbox(sid)
+        rec = await self.store.get_sandbox(sid)
         if rec is None:
             raise NotFound(f"no sandbox {sid!r}; list them with GET /sandboxes")
         return rec
 
     async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
         want = (labels or {}).items()
-        return [r for r in self._records.values()
+        return [r for r in await self.store.list_sandboxes()
                 if r.status != SandboxStatus.deleted and want <= r.labels.items()]
 
     async def wait(self, sid: str, timeout: float) -> SandboxInfo:
-        rec = await self.get(sid)
-        event = self._ready.get(sid)
-        if rec.status == SandboxStatus.pending and event is not None:
-            try:
-                await asyncio.wait_for(event.wait(), timeout)
-            except TimeoutError:
-                raise WaitTimedOut(
-                    f"sandbox {sid} not ready after {timeout}s; wait again") from None
+        deadline = time.monotonic() + timeout
+        async with self.store.subscribe(f"sandbox:{sid}") as changed:
+            rec = await self.get(sid)
+            while rec.status == SandboxStatus.pending:
+                left = deadline - time.monotonic()
+                if left <= 0 or not await changed.wait(left):
+                    rec = await self.get(sid)
+                    if rec.status == SandboxStatus.pending:
+                        raise WaitTimedOut(f"sandbox {sid} not ready after {timeout}s; "
+                                           "wait again")
+                rec = await self.get(sid)
         if rec.status == SandboxStatus.failed:
             raise Conflict(f"sandbox {sid} failed to start: {rec.error}")
         if rec.status == SandboxStatus.deleted:
@@ -214,19 +244,20 @@ class SandboxService:
         return rec
 
     async def delete(self, sid: str, reason: str = "deleted by request") -> None:
-        rec = self._records.get(sid) or await self.store.get_sandbox(sid)
+        def change(rec: SandboxInfo) -> bool:
+            if rec.status == SandboxStatus.deleted:
+                return False
+            rec.status = SandboxStatus.deleted
+            if reason != "deleted by request":
+                rec.error = reason
+            return True
+
+        rec = await self._update(sid, change)
         if rec is None:
             raise NotFound(f"no sandbox {sid!r}; nothing to delete")
-        if rec.status == SandboxStatus.deleted:
-            return
-        rec.status = SandboxStatus.deleted
-        if reason != "deleted by request":
-            rec.error = reason
-        self._records.pop(sid, None)
-        event = self._ready.pop(sid, None)
-        if event is not None:
-            event.set()
-        await self.store.put_sandbox(rec)
+        self._start_teardown(sid)
+
+    def _start_teardown(self, sid: str) -> None:
         if sid not in self._teardowns:
             self._teardowns[sid] = asyncio.create_task(self._teardown(sid))
 
@@ -247,9 +278,16 @@ class SandboxService:
             self._teardowns.pop(sid, None)
 
     async def heartbeat(self, sid: str) -> SandboxInfo:
-        rec = self._get(sid)
-        rec.last_heartbeat = _utc()
-        await self.store.put_sandbox(rec)
+        def change(rec: SandboxInfo) -> bool:
+            if rec.status not in LIVE:
+                return False
+            rec.last_heartbeat = _utc()
+            return True
+
+        rec = await self._update(sid, change)
+        if rec is None or rec.status not in LIVE:
+            raise NotFound(f"no live sandbox {sid!r}; it is "
+                           f"{'unknown' if rec is None else rec.status.value}: recreate it")
         return rec
 
     # --- reconcile ------------------------------------------------------------------------
@@ -262,48 +300,107 @@ class SandboxService:
             except Exception:  # noqa: BLE001 - a loop that dies would stop all reaping
                 log.exception("reconcile pass failed; retrying next interval")
 
+    def _expired(self, rec: SandboxInfo, now: float) -> str | None:
+        if rec.expires_at and now > rec.expires_at.timestamp():
+            return "ttl expired"
+        if rec.last_heartbeat and (now - rec.last_heartbeat.timestamp()
+                                   > self.settings.heartbeat_timeout):
+            return "heartbeat timed out"
+        if rec.status == SandboxStatus.pending and (
+                now - rec.created_at.timestamp() > self.settings.pending_timeout):
+            return "pending timeout: never became ready"
+        return None
+
     async def reconcile_once(self) -> None:
+        """One pass of making the store and the backend agree. The backend is listed BEFORE
+        the records: a replica writes a record before it creates the sandbox, so whatever the
+        backend listed already has its record, and no fresh sandbox is taken for an orphan."""
         now = time.time()
-        for rec in list(self._records.values()):
-            if rec.status == SandboxStatus.failed:
-                continue
-            if rec.expires_at and now > rec.expires_at.timestamp():
-                await self.delete(rec.sandbox_id, "ttl expired")
-            elif rec.last_heartbeat and (now - rec.last_heartbeat.timestamp()
-                                         > self.settings.heartbeat_timeout):
-                await self.delete(rec.sandbox_id, "heartbeat timed out")
-            elif rec.status == SandboxStatus.pending and (
-                now - rec.created_at.timestamp() > self.settings.pending_timeout
-            ):
-                await self.delete(rec.sandbox_id, "pending timeout: never became ready")
+        await self.store.beat(self.replica, self.beat_ttl)
+        alive = await self.store.live_replicas() if self.store.shared else set()
+        alive.add(self.replica)
         try:
-            existing = await self.backend.list()
+            existing: set[str] | None = await self.backend.list()
         except Exception:  # noqa: BLE001 - never act on a partial view
-            log.exception("backend list failed; skipping the orphan pass")
-            return
-        owned = {s for s, r in self._records.items() if r.status in LIVE}
-        for sid in existing - owned - set(self._teardowns):
-            log.info("removing orphan sandbox %s (no live record)", sid)
-            await self.backend.delete(sid)
-        for sid in owned & existing:
-            rec = self._records[sid]
-            if rec.status == SandboxStatus.running and await self.backend.adopt(sid) is None:
-                rec.status, rec.error = SandboxStatus.failed, "sandbox exited unexpectedly"
-                await self.store.put_sandbox(rec)
-                self._teardowns[sid] = asyncio.create_task(self._teardown(sid))
+            log.exception("backend list failed; skipping the orphan and vanished passes")
+            existing = None
+        live = {r.sandbox_id: r for r in await self.store.list_sandboxes() if r.status in LIVE}
+        self._live = dict(live)
+        for sid, rec in live.items():
+            if reason := self._expired(rec, now):
+                await self.delete(sid, reason)
+            elif rec.status == SandboxStatus.pending:
+                if rec.replica not in alive:  # its launch died with its replica
+                    await self._adopt_pending(sid)
+            elif existing is not None and (sid not in existing
+                                           or await self.backend.adopt(sid) is None):
+                await self._fail(sid, "sandbox exited unexpectedly; delete and recreate it",
+                                 only_if=SandboxStatus.running)
+        if existing is not None:
+            for sid in existing - live.keys() - self._teardowns.keys() - self._launches.keys():
+                log.info("removing orphan sandbox %s (no live record)", sid)
+                await self.backend.delete(sid)
+        for sid in [s for s in self._agents if s not in live]:
+            await self._agents.pop(sid).close()
+        for job in await self.store.unfinished_jobs():
+            if job.replica not in alive:
+                # Its result went to a replica that no longer exists: say so, don't hang.
+                job.status, job.completed_at = JobStatus.failed, _utc()
+                job.error = ("the orchestrator replica running this job stopped; its result "
+                             "is lost (the command may have finished in the sandbox)")
+                await self.store.put_job(job)
+                await self.store.publish(f"job:{job.job_id}")
         await self.store.prune(now - self.settings.retention)
+
+    async def _adopt_pending(self, sid: str) -> None:
+        handle = await self.backend.adopt(sid)
+        if handle is None:
+            await self._fail(sid, "the orchestrator replica launching it stopped before it was "
+                             "ready; delete and recreate it", only_if=SandboxStatus.pending)
+            return
+        self._agents[sid] = AgentClient(handle.address, token=handle.token)
+        await self._update(sid, _became_ready(handle.limits))
+        log.info("adopted sandbox %s, launched by a replica that stopped", sid)
 
     # --- exec -------------------------------------------------------------------------------
 
-    def agent(self, sid: str) -> AgentClient:
-        rec = self._get(sid)
-        agent = self._agents.get(sid)
-        if rec.status != SandboxStatus.running or agent is None:
+    async def _running(self, sid: str) -> tuple[SandboxInfo, AgentClient]:
+        rec = await self.store.get_sandbox(sid)
+        if rec is None or rec.status == SandboxStatus.deleted:
+            raise NotFound(f"no sandbox {sid!r}; list them with GET /sandboxes")
+        if rec.status != SandboxStatus.running:
             hint = {"pending": f"wait for it with GET /sandboxes/{sid}/wait",
                     "failed": f"it failed: {rec.error}; delete and recreate it"}
             raise Conflict(f"sandbox {sid} is {rec.status.value}: "
                            + hint.get(rec.status.value, "recreate it"))
-        return agent
+        agent = self._agents.get(sid)
+        if agent is None:  # launched by another replica, or before a restart
+            handle = await self.backend.adopt(sid)
+            if handle is None:
+                raise Conflict(f"sandbox {sid} is running on record but its agent cannot be "
+                               "found; it may have just exited: check GET /sandboxes/{id}")
+            agent = self._agents[sid] = AgentClient(handle.address, token=handle.token)
+        return rec, agent
+
+    async def agent(self, sid: str) -> AgentClient:
+        return (await self._running(sid))[1]
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, rec: SandboxInfo, wait: float) -> AsyncIterator[int | None]:
+        """For exclusive_exec sandboxes, the sandbox's exec lock and its fencing token (which
+        the agent checks, refusing a holder whose lock expired and was re-granted)."""
+        if not rec.exclusive_exec:
+            yield None
+            return
+        try:
+            async with self.store.lock(f"exec:{rec.sandbox_id}", ttl=30, timeout=wait) as fence:
+                yield fence
+        except LockTimeout:
+            raise Overloaded(f"sandbox {rec.sandbox_id} runs one exec at a time "
+                             f"(exclusive_exec) and stayed busy for {wait:.0f}s; retry later",
+                             5) from None
+        except LockLost:
+            log.warning("exec lock of %s expired while an exec held it", rec.sandbox_id)
 
     @staticmethod
     def _agent_request(req: ExecRequest) -> dict[str, Any]:
@@ -319,7 +416,7 @@ class SandboxService:
         command = req.command if req.command is not None else " ".join(req.argv or [])
         return Job(job_id=f"job-{uuid.uuid4().hex[:16]}", sandbox_id=sid, command=command,
                    argv=req.argv, status=JobStatus.running, created_at=_utc(),
-                   started_at=_utc())
+                   started_at=_utc(), replica=self.replica)
 
     @staticmethod
     def _finish(job: Job, result: dict[str, Any]) -> Job:
@@ -332,28 +429,37 @@ class SandboxService:
         job.status = JobStatus.succeeded if job.exit_code == 0 else JobStatus.failed
         return job
 
-    async def _run_job(self, agent: AgentClient, job: Job, payload: dict[str, Any]) -> Job:
+    async def _record_job(self, job: Job) -> None:
+        await self.store.put_job(job)
+        await self.store.publish(f"job:{job.job_id}")
+
+    @staticmethod
+    def _lock_wait(req: ExecRequest) -> float:
+        return min(req.timeout_seconds or 3600, 3600)
+
+    async def _run_job(self, rec: SandboxInfo, agent: AgentClient, job: Job,
+                       req: ExecRequest) -> Job:
         t0 = time.perf_counter()
         try:
-            result = await agent.exec(payload)
+            async with self._exclusive(rec, self._lock_wait(req)) as fence:
+                result = await agent.exec(self._agent_request(req), fence)
         except AgentError as e:
             job.status, job.error, job.completed_at = JobStatus.failed, e.detail, _utc()
             self.metrics.execs.labels("error").inc()
             if isinstance(e, AgentUnreachable):
                 raise Conflict(f"sandbox {job.sandbox_id} is not reachable ({e.detail}); it may "
                                "have crashed: check GET /sandboxes/{id} and recreate it") from None
-            raise BadRequest(e.detail) from None
+            raise (Conflict if e.status == 409 else BadRequest)(e.detail) from None
         finally:
             self.metrics.exec_seconds.observe(time.perf_counter() - t0)
         self.metrics.execs.labels("timeout" if result.get("timed_out") else "ok").inc()
         return self._finish(job, result)
 
     async def exec(self, sid: str, req: ExecRequest) -> Job | JobAccepted | ProcessInfo:
-        agent = self.agent(sid)
-        payload = self._agent_request(req)
+        rec, agent = await self._running(sid)
         if req.background:
             try:
-                info = await agent.start_process(payload)
+                info = await agent.start_process(self._agent_request(req))
             except AgentUnreachable as e:
                 raise Conflict(f"sandbox {sid} is not reachable ({e.detail}); it may have "
                                "crashed: check GET /sandboxes/{id} and recreate it") from None
@@ -363,40 +469,40 @@ class SandboxService:
         job = self._new_job(sid, req)
         if req.wait:
             try:
-                await self._run_job(agent, job, payload)
+                await self._run_job(rec, agent, job, req)
             finally:
                 await self.store.put_job(job)
             return job
-        self._jobs[job.job_id] = job
-        self._job_done[job.job_id] = asyncio.Event()
         await self.store.put_job(job)
-        task = asyncio.create_task(self._background_job(agent, job, payload))
+        task = asyncio.create_task(self._background_job(rec, agent, job, req))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return JobAccepted(job_id=job.job_id, status=job.status)
 
-    async def _background_job(self, agent: AgentClient, job: Job, payload: dict[str, Any]) -> None:
+    async def _background_job(self, rec: SandboxInfo, agent: AgentClient, job: Job,
+                              req: ExecRequest) -> None:
         with contextlib.suppress(Exception):
-            await self._run_job(agent, job, payload)
-        await self.store.put_job(job)
-        self._jobs.pop(job.job_id, None)
-        self._job_done.pop(job.job_id).set()
+            await self._run_job(rec, agent, job, req)
+        if job.status == JobStatus.running:  # e.g. Overloaded while queued for the lock
+            job.status, job.completed_at = JobStatus.failed, _utc()
+            job.error = job.error or "the job could not start; see the orchestrator's log"
+        await self._record_job(job)
 
     async def exec_stream(self, sid: str, req: ExecRequest) -> AsyncIterator[bytes]:
-        agent = self.agent(sid)
+        rec, agent = await self._running(sid)
         job = self._new_job(sid, req)
-        payload = self._agent_request(req)
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                async for event in agent.exec_stream(payload):
-                    if event["type"] == "exit":
-                        self._finish(job, event["result"])
-                        await self.store.put_job(job)
-                        yield _exit_line(job)
-                    else:
-                        yield json.dumps(event).encode() + b"\n"
-            except AgentError as e:
+                async with self._exclusive(rec, self._lock_wait(req)) as fence:
+                    async for event in agent.exec_stream(self._agent_request(req), fence):
+                        if event["type"] == "exit":
+                            self._finish(job, event["result"])
+                            await self.store.put_job(job)
+                            yield _exit_line(job)
+                        else:
+                            yield json.dumps(event).encode() + b"\n"
+            except (AgentError, Overloaded) as e:
                 job.status, job.error = JobStatus.failed, e.detail
                 await self.store.put_job(job)
                 yield _exit_line(job)
@@ -404,14 +510,19 @@ class SandboxService:
         return events()
 
     async def get_job(self, job_id: str) -> Job:
-        job = self._jobs.get(job_id) or await self.store.get_job(job_id)
+        job = await self.store.get_job(job_id)
         if job is None:
             raise NotFound(f"no job {job_id!r}; jobs are kept {self.settings.retention:.0f}s")
         return job
 
     async def wait_job(self, job_id: str, timeout: float) -> Job:
-        done = self._job_done.get(job_id)
-        if done is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), timeout)
-        return await self.get_job(job_id)
+        deadline = time.monotonic() + timeout
+        async with self.store.subscribe(f"job:{job_id}") as changed:
+            job = await self.get_job(job_id)
+            while job.status in (JobStatus.queued, JobStatus.running):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await changed.wait(left)
+                job = await self.get_job(job_id)
+        return job

@@ -193,11 +193,14 @@ class AgentClient:
     async def health(self, timeout: float = 5.0) -> dict[str, Any]:
         return await asyncio.wait_for(self._call("GET", "/health"), timeout)
 
-    async def exec(self, req: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("POST", "/exec", json_body=req)
+    async def exec(self, req: dict[str, Any], fence: int | None = None) -> dict[str, Any]:
+        """Run a command; fence is an exclusive-exec lock's token, which the agent checks."""
+        return await self._call("POST", "/exec", json_body=req, extra_headers=_fence(fence))
 
-    async def exec_stream(self, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        r = await self.request("POST", "/exec", json_body={**req, "stream": True})
+    async def exec_stream(self, req: dict[str, Any],
+                          fence: int | None = None) -> AsyncIterator[dict[str, Any]]:
+        r = await self.request("POST", "/exec", json_body={**req, "stream": True},
+                               extra_headers=_fence(fence))
         if r.status_code >= 400:
             raise AgentError(r.status_code, _detail(await r.aread()))
         try:
@@ -286,6 +289,10 @@ class PtyChannel:
         self._writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
+
+
+def _fence(token: int | None) -> str:
+    return "" if token is None else f"X-Orchard-Fence: {token}\r\n"
 
 
 def _detail(body: bytes) -> str:

@@ -615,10 +615,16 @@ class Conn:
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         path = unquote(url.path)
         try:
+            if path == "/health" and method == "GET" and self.token:
+                # Kubelet probes carry no secret; they learn only that the agent is up.
+                self.send_json({"status": "ok"})
+                return True
             if self.token and not hmac.compare_digest(
                 headers.get("x-agent-token", "").encode(), self.token
             ):
                 raise HTTPError(401, "missing or wrong X-Agent-Token")
+            if "x-orchard-fence" in headers:
+                _check_fence(headers["x-orchard-fence"])
             return route(self, method, path, query, headers) is not False
         except HTTPError as e:
             return self.send_error(e.status, e.detail, headers)
@@ -653,6 +659,24 @@ def _proc_or_404(pid):
     if proc is None:
         raise HTTPError(404, f"no background process {pid!r} in this sandbox")
     return proc
+
+
+_FENCE = [0]
+_FENCE_LOCK = threading.Lock()
+
+
+def _check_fence(value):
+    """Refuse a holder of an exclusive-exec lock that has since expired and been re-granted:
+    its token is lower than one this agent already saw."""
+    try:
+        token = int(value)
+    except ValueError:
+        raise HTTPError(400, "X-Orchard-Fence must be an integer") from None
+    with _FENCE_LOCK:
+        if token < _FENCE[0]:
+            raise HTTPError(409, f"stale fencing token {token} (the lock was re-granted as "
+                                 f"{_FENCE[0]}); acquire the sandbox's exec lock again")
+        _FENCE[0] = token
 
 
 def route(c, method, path, query, headers):
@@ -849,7 +873,7 @@ def _set_winsize(fd, cols, rows):
 
 
 def main(argv):
-    unix = tcp = token_file = None
+    unix = tcp = token_file = token_env = None
     ready_fd = None
     args = iter(argv)
     for a in args:
@@ -859,11 +883,14 @@ def main(argv):
             tcp = next(args)
         elif a == "--token-file":
             token_file = next(args)
+        elif a == "--token-env":
+            # Popped so that no command the agent runs inherits it.
+            token_env = os.environ.pop(next(args), "").encode().strip() or None
         elif a == "--ready-fd":
             ready_fd = int(next(args))
         else:
             sys.exit(f"orchard-agent: unknown argument {a!r}")
-    token = None
+    token = token_env
     if token_file:
         with open(token_file, "rb") as f:
             token = f.read().strip()
@@ -886,6 +913,9 @@ def main(argv):
     for s in socks:
         s.listen(512)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # As a container's PID 1 the kernel ignores an unhandled SIGTERM: exit on it, so a pod
+    # deletion does not wait out the whole grace period.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     _become_subreaper()
     if ready_fd is not None:
         os.write(ready_fd, b"ready\n")

@@ -1,5 +1,11 @@
 """Where sandboxes run: the Backend protocol and its implementations."""
 
-from orchard.env.backends.base import Backend, BackendError, SandboxHandle, SandboxSpec
+from orchard.env.backends.base import (
+    Backend,
+    BackendError,
+    SandboxHandle,
+    SandboxSpec,
+    SpecRejected,
+)
 
-__all__ = ["Backend", "BackendError", "SandboxHandle", "SandboxSpec"]
+__all__ = ["Backend", "BackendError", "SandboxHandle", "SandboxSpec", "SpecRejected"]

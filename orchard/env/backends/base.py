@@ -26,6 +26,12 @@ class SandboxSpec:
     memory: str | None = None
     pids: int | None = None
     env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    agent_token: str | None = None  # when set, the agent refuses requests without it
+
+
+class SpecRejected(ValueError):
+    """The backend cannot run this spec (e.g. an image it cannot resolve); says what to change."""
 
 
 @dataclass(frozen=True)
@@ -33,11 +39,20 @@ class SandboxHandle:
     sandbox_id: str
     address: str  # "unix:/path/to/agent.sock" or "tcp:host:port"
     limits: dict[str, LimitReport] = field(default_factory=dict)
+    token: str | None = None  # sent as X-Agent-Token
 
 
 @runtime_checkable
 class Backend(Protocol):
     name: str
+
+    def check(self, spec: SandboxSpec) -> None:
+        """Raise SpecRejected if this backend could never run spec; called before any record."""
+        ...
+
+    async def start(self) -> None:
+        """Connect and load what exists; raise BackendError saying what is unreachable."""
+        ...
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         """Start the sandbox and return once its agent is ready; raise BackendError."""
@@ -52,7 +67,8 @@ class Backend(Protocol):
         ...
 
     async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
-        """The handle of a live sandbox found after a restart, or None if it is not alive."""
+        """The handle of a live, ready sandbox (one this process did not create, e.g. after a
+        restart or on another replica), or None if it is not alive and ready."""
         ...
 
     def describe(self) -> dict[str, str]:

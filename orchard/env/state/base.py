@@ -1,14 +1,43 @@
-"""The StateStore protocol: where sandbox records and jobs live. The service never knows where."""
+"""The StateStore protocol: where sandbox records, jobs, locks and replica liveness live.
+
+The service never knows where. SQLite serves one orchestrator process; Redis lets several
+replicas share everything here, so each method is written for the shared case: notifications
+reach waiters in every replica, locks hold across replicas, and a replica that dies stops
+beating, which is how the others learn its jobs will never finish.
+"""
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
 from orchard.env.schema import Job, SandboxInfo
 
 
+class LockTimeout(TimeoutError):
+    """A lock could not be acquired in time; the message names the lock and the wait."""
+
+
+class LockLost(RuntimeError):
+    """A held lock expired or was taken over (e.g. its renewals stalled past the TTL)."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The store's server could not be reached; the message names it and what to check."""
+
+
+@runtime_checkable
+class Subscription(Protocol):
+    async def wait(self, timeout: float) -> bool:
+        """True once a publish on the channel arrived since subscribing (or since the previous
+        wait returned True); False on timeout. Publishes are never lost between waits."""
+        ...
+
+
 @runtime_checkable
 class StateStore(Protocol):
+    shared: bool  # True when several orchestrator replicas may use this store at once
+
     async def put_sandbox(self, info: SandboxInfo) -> None: ...
     async def get_sandbox(self, sandbox_id: str) -> SandboxInfo | None: ...
     async def list_sandboxes(self) -> list[SandboxInfo]: ...
@@ -16,11 +45,36 @@ class StateStore(Protocol):
     async def put_job(self, job: Job) -> None: ...
     async def get_job(self, job_id: str) -> Job | None: ...
     async def unfinished_jobs(self) -> list[Job]:
-        """Jobs recorded as queued or running (after a restart nothing is running them)."""
+        """Jobs recorded as queued or running."""
         ...
 
     async def prune(self, older_than: float) -> int:
         """Forget deleted sandboxes and finished jobs older than this Unix time."""
+        ...
+
+    # --- coordination -------------------------------------------------------------------
+
+    async def publish(self, channel: str) -> None:
+        """Wake every subscriber of channel, in every replica."""
+        ...
+
+    def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
+        """Subscribe before reading the state you wait on, so no change slips between."""
+        ...
+
+    def lock(self, name: str, ttl: float, timeout: float) -> AbstractAsyncContextManager[int]:
+        """Hold an exclusive lock across replicas, yielding its fencing token: an integer that
+        strictly increases with every acquisition of this name, so a resource can refuse a
+        holder whose lock has since expired. The lock is renewed while held; it expires ttl
+        seconds after its holder dies. Raises LockTimeout after waiting timeout seconds."""
+        ...
+
+    async def beat(self, replica: str, ttl: float) -> None:
+        """Record that this replica is alive for the next ttl seconds."""
+        ...
+
+    async def live_replicas(self) -> set[str]:
+        """Replicas whose last beat has not expired."""
         ...
 
     async def close(self) -> None: ...

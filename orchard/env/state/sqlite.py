@@ -2,16 +2,25 @@
 
 Writes are small and local, so they run inline on the event loop: a WAL commit with
 synchronous=NORMAL costs tens of microseconds, less than a thread hop.
+
+One orchestrator process owns the file, so coordination is in-process: notifications and
+locks live in this object, and only what must outlast a restart (fencing counters, replica
+beats) goes to disk.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from orchard.env.schema import Job, SandboxInfo
+from orchard.env.state.base import LockTimeout
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -20,6 +29,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, status TEXT NOT NULL,
     updated REAL NOT NULL, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS jobs_updated ON jobs(updated);
+CREATE TABLE IF NOT EXISTS fences (name TEXT PRIMARY KEY, token INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS replicas (replica TEXT PRIMARY KEY, expires REAL NOT NULL);
 """
 
 
@@ -31,7 +42,32 @@ def sqlite_path(url: str) -> Path:
     return Path(parts.path)
 
 
+class _LocalSubscription:
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float) -> bool:
+        if not self._event.is_set():
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except TimeoutError:
+                return False
+        self._event.clear()
+        return True
+
+
+@dataclass
+class _LocalLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0  # holders plus waiters: the entry is dropped at zero so names don't pile up
+
+
 class SqliteStore:
+    shared = False
+
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
@@ -40,6 +76,8 @@ class SqliteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        self._subscribers: dict[str, set[_LocalSubscription]] = {}
+        self._locks: dict[str, _LocalLock] = {}
 
     async def put_sandbox(self, info: SandboxInfo) -> None:
         self._db.execute(
@@ -85,5 +123,74 @@ class SqliteStore:
         ).rowcount
         return n
 
+    # --- coordination -------------------------------------------------------------------
+
+    async def publish(self, channel: str) -> None:
+        for sub in self._subscribers.get(channel, ()):
+            sub.wake()
+
+    @asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[_LocalSubscription]:
+        sub = _LocalSubscription()
+        self._subscribers.setdefault(channel, set()).add(sub)
+        try:
+            yield sub
+        finally:
+            subs = self._subscribers[channel]
+            subs.discard(sub)
+            if not subs:
+                del self._subscribers[channel]
+
+    def lock(self, name: str, ttl: float, timeout: float) -> AbstractAsyncContextManager[int]:
+        # ttl needs no enforcement here: a holder can only die with the whole process, and
+        # that takes every in-process lock with it.
+        return self._hold(name, timeout)
+
+    @asynccontextmanager
+    async def _hold(self, name: str, timeout: float) -> AsyncIterator[int]:
+        entry = self._locks.setdefault(name, _LocalLock())
+        entry.users += 1
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    await entry.lock.acquire()
+            except TimeoutError:
+                raise LockTimeout(
+                    f"lock {name!r} still held by another task of this orchestrator after "
+                    f"waiting {timeout:g}s; retry later, or wait longer if its holder "
+                    "legitimately works that long"
+                ) from None
+            try:
+                yield self._next_fence(name)
+            finally:
+                entry.lock.release()
+        finally:
+            entry.users -= 1
+            if not entry.users:
+                del self._locks[name]
+
+    def _next_fence(self, name: str) -> int:
+        # On disk so tokens keep increasing across restarts: a resource may remember the
+        # highest token it saw from a previous life of this orchestrator.
+        (token,) = self._db.execute(
+            "INSERT INTO fences VALUES (?, 1) "
+            "ON CONFLICT(name) DO UPDATE SET token = token + 1 RETURNING token",
+            (name,),
+        ).fetchone()
+        return int(token)
+
+    async def beat(self, replica: str, ttl: float) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO replicas VALUES (?, ?)", (replica, time.time() + ttl)
+        )
+
+    async def live_replicas(self) -> set[str]:
+        now = time.time()
+        self._db.execute("DELETE FROM replicas WHERE expires <= ?", (now,))
+        return {r[0] for r in self._db.execute("SELECT replica FROM replicas")}
+
     async def close(self) -> None:
+        for subs in self._subscribers.values():
+            for sub in subs:
+                sub.wake()  # a waiter re-reads state and finds the store closed, not a hang
         self._db.close()

@@ -26,7 +26,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec
+from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
 from orchard.env.backends.local import zygote
 from orchard.env.backends.local.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
@@ -139,6 +139,16 @@ class LocalBackend:
 
     def describe(self) -> dict[str, str]:
         return {"backend": "local", **self.cgroups.layout()}
+
+    async def start(self) -> None:
+        """Nothing to connect to: the zygote started with the backend."""
+
+    def check(self, spec: SandboxSpec) -> None:
+        if spec.image != "host" and not spec.image.startswith("/"):
+            raise SpecRejected(
+                f"image {spec.image!r} must be 'host' or an absolute path to a rootfs "
+                "directory, an OCI layout or an image archive on the server (registry images "
+                "need the kubernetes backend)")
 
     # --- create -------------------------------------------------------------------------
 
@@ -257,7 +267,7 @@ class LocalBackend:
         request = {
             "holder": holder, "env": self._agent_env(spec),
             "procs": [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)],
-            "socket": f"{CTL_MOUNT}/{SOCKET_NAME}",
+            "socket": f"{CTL_MOUNT}/{SOCKET_NAME}", "token": spec.agent_token,
             "path": [f"{BUNDLE_MOUNT}/lib/{version}", f"{BUNDLE_MOUNT}/lib/{version}/lib-dynload"],
         }
         try:

@@ -126,7 +126,11 @@ def _become_agent(req, seccomp, ready_w):
         os.environ.clear()
         os.environ.update(req["env"])
         sys.path[:] = req["path"]
-        agent.main(["--unix", req["socket"], "--ready-fd", str(ready_w)])
+        argv = ["--unix", req["socket"], "--ready-fd", str(ready_w)]
+        if req.get("token"):
+            os.environ["ORCHARD_AGENT_TOKEN"] = req["token"]
+            argv += ["--token-env", "ORCHARD_AGENT_TOKEN"]
+        agent.main(argv)
     except BaseException:  # noqa: BLE001 - the launcher reads this from the log
         traceback.print_exc()
     os._exit(1)

@@ -1,0 +1,254 @@
+"""Sandboxes as pods: one per sandbox, in one namespace, reached at podIP:9090.
+
+The API server sees only what it must: a pod create and a pod delete per sandbox (plus one
+network policy each way for a sandbox with network access). Readiness and Pod IPs come from the
+informer's cache; exec, files, patches and PTY go straight to the agent in the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import uuid
+
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, NetworkingV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
+from orchard.env.backends.kubernetes.calls import ApiCaller, not_found
+from orchard.env.backends.kubernetes.config import KubernetesConfig
+from orchard.env.backends.kubernetes.informer import NotSynced, Pod, PodInformer
+from orchard.env.backends.kubernetes.manifests import (
+    DENY_EGRESS,
+    MANAGED_BY,
+    NETWORK,
+    NONCE,
+    allow_egress_name,
+    allow_egress_policy,
+    deny_egress_policy,
+    pod_manifest,
+)
+from orchard.env.schema import LimitReport
+
+log = logging.getLogger("orchard.env.kubernetes")
+# Waiting reasons that no amount of waiting fixes: fail the create at once, saying why.
+_HOPELESS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                       "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull"})
+
+
+def agent_token(secret: bytes, sandbox_id: str) -> str:
+    """Per-sandbox and derivable by every replica from the shared secret, so nothing is
+    stored, and a sandbox that reads its own token can reach no other sandbox's agent."""
+    return hmac.new(secret, sandbox_id.encode(), hashlib.sha256).hexdigest()
+
+
+def pod_ready(pod: Pod | None) -> bool:
+    if pod is None or not (pod.get("status") or {}).get("podIP"):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in pod["status"].get("conditions") or [])
+
+
+def pod_problem(pod: Pod | None) -> str | None:
+    """Why this pod will never become ready, or None while it still may."""
+    if pod is None:
+        return "its pod was deleted"
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return f"its pod ended ({status['phase']}: {status.get('reason') or status.get('message')})"
+    for cs in [*(status.get("initContainerStatuses") or []),
+               *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in _HOPELESS:
+            return (f"container {cs.get('name')} cannot start: {waiting['reason']}: "
+                    f"{waiting.get('message', '')}".strip())
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        if cs.get("name") != "agent-injector" and terminated:
+            return f"container {cs.get('name')} exited: {terminated.get('reason')}"
+    return None
+
+
+class KubernetesBackend:
+    name = "kubernetes"
+
+    def __init__(self, config: KubernetesConfig) -> None:
+        self.config = config
+        secret = config.agent_secret or os.environ.get("ORCHARD_AGENT_SECRET")
+        if not secret:
+            log.warning("no ORCHARD_AGENT_SECRET: agent tokens are random to this replica, so "
+                        "other replicas cannot reach its sandboxes; set one for multi-replica")
+            secret = secrets.token_hex(32)
+        self._secret = secret.encode()
+        self.api = ApiCaller(config.max_api_concurrency, config.api_retries, config.api_timeout)
+        self._client: ApiClient | None = None
+        self._informer_task: asyncio.Task[None] | None = None
+
+    # --- start / stop -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = Configuration()
+        try:
+            if self.config.kubeconfig or "KUBERNETES_SERVICE_HOST" not in os.environ:
+                await kube_config.load_kube_config(config_file=self.config.kubeconfig,
+                                                   context=self.config.context,
+                                                   client_configuration=cfg)
+            else:
+                kube_config.load_incluster_config(client_configuration=cfg)
+        except Exception as e:  # noqa: BLE001 - the config loaders raise many kinds
+            raise BackendError(f"cannot load Kubernetes credentials ({e}); pass "
+                               "kubernetes.kubeconfig or run in a pod with a service account"
+                               ) from None
+        cfg.connection_pool_maxsize = self.config.max_api_concurrency + 8
+        self._client = ApiClient(cfg)
+        self.core, self.net = CoreV1Api(self._client), NetworkingV1Api(self._client)
+        selector = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
+        self.informer = PodInformer(self.core, self.config.namespace, selector, self.api,
+                                    self.config.watch_timeout)
+        self._informer_task = asyncio.create_task(self.informer.run())
+        try:
+            await asyncio.wait_for(self.informer.first_sync.wait(), self.config.api_timeout)
+            await self._ensure_deny_egress()
+        except (TimeoutError, ApiException) as e:
+            await self.close()
+            detail = self.informer.last_error or repr(e)
+            raise BackendError(f"cannot list pods in namespace {self.config.namespace} at "
+                               f"{cfg.host} ({detail}); check the API server address, the "
+                               "namespace and the RBAC (deploy/kubernetes)") from None
+
+    async def _ensure_deny_egress(self) -> None:
+        ns = self.config.namespace
+        try:
+            await self.api("get_policy", lambda: self.net.read_namespaced_network_policy(
+                DENY_EGRESS, ns, _preload_content=False))
+        except ApiException as e:
+            if not not_found(e):
+                raise
+            with contextlib.suppress(ApiException):  # another replica may win the race
+                await self.api("create_policy", lambda: self.net.create_namespaced_network_policy(
+                    ns, deny_egress_policy(self.config), _preload_content=False))
+
+    async def close(self) -> None:
+        if self._informer_task is not None:
+            self._informer_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._informer_task
+        if self._client is not None:
+            await self._client.close()
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": "kubernetes", "namespace": self.config.namespace,
+                "informer": "synced" if self.informer.synced else
+                f"not synced: {self.informer.last_error}",
+                "api_calls": ", ".join(f"{k}={v}" for k, v in sorted(self.api.counts.items()))}
+
+    # --- sandboxes ------------------------------------------------------------------------
+
+    def check(self, spec: SandboxSpec) -> None:
+        if spec.image == "host" or spec.image.startswith("/"):
+            raise SpecRejected(f"image {spec.image!r} is a local-backend image; on Kubernetes "
+                               "give a container image reference such as python:3.12-slim")
+
+    def _handle(self, pod: Pod) -> SandboxHandle:
+        ip, sid = pod["status"]["podIP"], pod["metadata"]["name"]
+        host = f"[{ip}]" if ":" in ip else ip
+        limits = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
+        return SandboxHandle(
+            sandbox_id=sid, address=f"tcp:{host}:{self.config.agent_port}",
+            token=agent_token(self._secret, sid),
+            limits={k: LimitReport(requested=str(v), enforced=True,
+                                   detail="pod resources.limits (kubelet)")
+                    for k, v in limits.items()},
+        )
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        ns, sid = self.config.namespace, spec.sandbox_id
+        nonce = uuid.uuid4().hex
+        body = pod_manifest(spec, self.config, agent_token(self._secret, sid), nonce)
+        try:
+            if not spec.block_network:
+                await self.api("create_policy", lambda: self.net.create_namespaced_network_policy(
+                    ns, allow_egress_policy(sid, self.config), _preload_content=False))
+            created = await self.api("create_pod", lambda: self.core.create_namespaced_pod(
+                ns, body, _preload_content=False))
+            version = int(created["metadata"]["resourceVersion"])
+        except ApiException as e:
+            if e.status != 409 or not await self._is_ours(sid, nonce):
+                raise BackendError(_api_error(f"creating pod {sid}", e)) from None
+            version = 0
+
+        def settled(pod: Pod | None) -> bool:
+            if pod is None:  # deleted, or not yet seen by the watch
+                return 0 < version <= self.informer.version
+            return pod_ready(pod) or pod_problem(pod) is not None
+
+        try:
+            pod = await self.informer.wait_for(sid, settled, self.config.ready_timeout)
+        except TimeoutError:
+            raise BackendError(f"pod {sid} not ready after {self.config.ready_timeout:.0f}s; "
+                               f"see kubectl -n {ns} describe pod {sid}") from None
+        if not pod_ready(pod):
+            raise BackendError(f"sandbox {sid}: {pod_problem(pod)}")
+        assert pod is not None
+        return self._handle(pod)
+
+    async def _is_ours(self, sid: str, nonce: str) -> bool:
+        """After a 409: did an earlier attempt of this very create (retried after a timeout)
+        make the pod, or is the name taken by another?"""
+        pod = self.informer.get(sid) or await self._read_pod(sid)
+        return pod is not None and (pod["metadata"].get("annotations") or {}).get(NONCE) == nonce
+
+    async def delete(self, sandbox_id: str) -> None:
+        ns = self.config.namespace
+        pod = self.informer.get(sandbox_id)
+        try:
+            await self.api("delete_pod", lambda: self.core.delete_namespaced_pod(
+                sandbox_id, ns, _preload_content=False))
+        except ApiException as e:
+            if not not_found(e):
+                raise BackendError(_api_error(f"deleting pod {sandbox_id}", e)) from None
+        # Unknown pods may have had a policy: deleting a missing one is a cheap 404.
+        if pod is None or pod["metadata"]["labels"].get(NETWORK) == "open":
+            try:
+                await self.api("delete_policy", lambda: self.net.delete_namespaced_network_policy(
+                    allow_egress_name(sandbox_id), ns, _preload_content=False))
+            except ApiException as e:
+                if not not_found(e):
+                    raise BackendError(_api_error("deleting its network policy", e)) from None
+        with contextlib.suppress(TimeoutError):  # gone from the cache = gone from the cluster
+            await self.informer.wait_for(sandbox_id, lambda p: p is None, 60)
+
+    async def list(self) -> set[str]:
+        try:
+            return self.informer.names()
+        except NotSynced as e:
+            raise BackendError(str(e)) from None
+
+    async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
+        pod = self.informer.get(sandbox_id)
+        if pod is None:
+            # The API server only on a cache miss, e.g. a pod another replica made ready a
+            # moment ago whose event has not reached this replica's watch yet.
+            pod = await self._read_pod(sandbox_id)
+        return self._handle(pod) if pod_ready(pod) else None
+
+    async def _read_pod(self, sandbox_id: str) -> Pod | None:
+        try:
+            pod: Pod = await self.api("get_pod", lambda: self.core.read_namespaced_pod(
+                sandbox_id, self.config.namespace, _preload_content=False))
+        except ApiException:
+            return None
+        return pod
+
+
+def _api_error(what: str, e: ApiException) -> str:
+    hint = {403: "the orchestrator's service account lacks RBAC for this (deploy/kubernetes)",
+            409: "the name is taken (a pod still terminating?); retry shortly or pick another id",
+            422: "the API server rejected the pod spec", 0: "the API server is unreachable"}
+    return f"{what}: {e.status} {e.reason}: {hint.get(e.status, 'see the API server message')}"
+

@@ -1,0 +1,41 @@
+"""Settings of the Kubernetes backend: the `kubernetes:` section of the orchestrator's config."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from orchard.version import __version__
+
+AGENT_PORT = 9090
+
+
+class KubernetesConfig(BaseModel):
+    namespace: str = Field("orchard-sandboxes", description="Where every sandbox pod goes.")
+    kubeconfig: str | None = Field(
+        None, description="Path of a kubeconfig; default: in-cluster service account when "
+        "running in a pod, else the usual ~/.kube/config.")
+    context: str | None = None
+    agent_image: str = Field(
+        f"ghcr.io/orchard-project/orchard-agent-injector:{__version__}",
+        description="Image holding the agent bundle at /.orchard/bundle (see deploy/docker).")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    agent_port: int = Field(AGENT_PORT, ge=1, le=65535)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    runtime_class: str | None = Field(None, description="e.g. gvisor or kata.")
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations.")
+    add_capabilities: list[str] = Field(
+        default_factory=list, description="Added back after dropping ALL (e.g. CHOWN).")
+    egress_cidr: str = Field("0.0.0.0/0", description="Where block_network=false pods may go.")
+    agent_secret: str | None = Field(
+        None, description="HMAC key deriving each sandbox's agent token; every replica needs "
+        "the same one. Prefer the ORCHARD_AGENT_SECRET environment variable.")
+    max_api_concurrency: int = Field(32, ge=1, description="API calls in flight per replica.")
+    api_retries: int = Field(5, ge=0, description="Retries on 429, 5xx and timeouts.")
+    api_timeout: float = Field(30, gt=0, description="Seconds per API call.")
+    watch_timeout: int = Field(300, ge=1, description="Seconds before a watch is renewed.")
+    ready_timeout: float = Field(600, gt=0, description="Seconds a pod may take to be ready.")
