@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -190,17 +191,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cgroup_group_key(data_dir: Path) -> str:
+def cgroup_group_key(data_dir: Path, sub: str = "local") -> str:
     """The per-data-dir cgroup group the local backend uses: ``orchard/<key>``.
 
-    Mirrors ``LocalBackend.__init__``: sha256 of the resolved ``<data_dir>/local``, 12 hex.
+    Mirrors ``LocalBackend.__init__``: sha256 of the resolved ``<data_dir>/<sub>``, 12 hex
+    (``sub`` is "local" for an orchestrator; the fake kubelet's backend lives in "kubelet").
     """
-    return hashlib.sha256(str((data_dir / "local").resolve()).encode()).hexdigest()[:12]
+    return hashlib.sha256(str((data_dir / sub).resolve()).encode()).hexdigest()[:12]
 
 
-def group_dirs(data_dir: Path) -> list[Path]:
+def group_dirs(data_dir: Path, sub: str = "local") -> list[Path]:
     """This orchestrator's cgroup group directories, one per mounted hierarchy."""
-    key = cgroup_group_key(data_dir)
+    key = cgroup_group_key(data_dir, sub)
     out = []
     for tree in CGROUP_TREES:
         d = CGROUP_ROOT / tree / "orchard" / key if tree else CGROUP_ROOT / "orchard" / key
@@ -244,11 +246,11 @@ def processes_mentioning(needle: str) -> list[tuple[int, str]]:
     return found
 
 
-def leak_report(data_dir: Path) -> dict[str, Any]:
+def leak_report(data_dir: Path, sub: str = "local") -> dict[str, Any]:
     """What of this orchestrator is still alive: cgroups holding processes, processes."""
     busy: dict[str, int] = {}
     sandbox_dirs = 0
-    for group in group_dirs(data_dir):
+    for group in group_dirs(data_dir, sub):
         for d in group.iterdir():
             if not d.is_dir():
                 continue
@@ -265,13 +267,13 @@ def leak_report(data_dir: Path) -> dict[str, Any]:
     }
 
 
-def force_kill_group(data_dir: Path) -> int:
+def force_kill_group(data_dir: Path, sub: str = "local") -> int:
     """Kill what is left in this orchestrator's own cgroups (only ours: orchard/<our key>).
 
     Only for a server that failed to tear its sandboxes down; returns the processes killed.
     """
     pids: set[int] = set()
-    for group in group_dirs(data_dir):
+    for group in group_dirs(data_dir, sub):
         for d in group.iterdir():
             if not d.is_dir() or not cgroup_pids(d):
                 continue
@@ -286,19 +288,39 @@ def force_kill_group(data_dir: Path) -> int:
             killed += 1
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(
-        cgroup_pids(d) for g in group_dirs(data_dir) for d in g.iterdir() if d.is_dir()
+        cgroup_pids(d) for g in group_dirs(data_dir, sub) for d in g.iterdir() if d.is_dir()
     ):
         time.sleep(0.1)
     return killed
 
 
+def remove_group_dirs(data_dir: Path, sub: str = "local") -> None:
+    """Remove our now-empty cgroup group directories (only ours: orchard/<our key>)."""
+    for group in group_dirs(data_dir, sub):
+        for d in [*group.iterdir(), group]:
+            if d.is_dir() and not cgroup_pids(d):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+
 class BenchServer:
-    """``serve(...)`` in a child process, with a private data dir; a context manager."""
+    """``serve(...)`` in a child process, with a private data dir; a context manager.
+
+    ``settings``: more orchestrator settings (e.g. ``{"backend": "kubernetes", "kubernetes":
+    {...}}``), written to a YAML config file in the temp dir and passed as ``config=``.
+    ``drained``: for a backend whose sandboxes are not this host's cgroups, a check that
+    their teardown is complete; ``stop`` waits for it after deleting every sandbox, before
+    SIGTERM (deletion answers at once, teardown follows).
+    """
 
     def __init__(self, *, max_sandboxes: int = 2000, max_concurrent_creates: int = 64,
-                 port: int = 0, startup_timeout: float = 90.0) -> None:
+                 port: int = 0, startup_timeout: float = 90.0,
+                 settings: dict[str, Any] | None = None,
+                 drained: Callable[[], bool] | None = None) -> None:
         self.max_sandboxes = max_sandboxes
         self.max_concurrent_creates = max_concurrent_creates
+        self.settings = settings
+        self.drained = drained
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout = startup_timeout
@@ -306,13 +328,19 @@ class BenchServer:
         self.tmp = Path(tempfile.mkdtemp(prefix="orchard-bench-", dir="/tmp"))
         self.data_dir = self.tmp / "data"
         self.log_path = self.tmp / "server.log"
+        self.config_path: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.leaks: dict[str, Any] = {}
 
     def start(self) -> str:
+        config = ""
+        if self.settings:
+            self.config_path = self.tmp / "config.yaml"
+            self.config_path.write_text(yaml.safe_dump(self.settings, sort_keys=False))
+            config = f"config=Path({str(self.config_path)!r}), "
         code = (
             "from pathlib import Path; from orchard.env.server import serve; "
-            f"serve(port={self.port}, data_dir=Path({str(self.data_dir)!r}), "
+            f"serve(port={self.port}, data_dir=Path({str(self.data_dir)!r}), {config}"
             f"log_level='warning', max_sandboxes={self.max_sandboxes}, "
             f"max_concurrent_creates={self.max_concurrent_creates})"
         )
@@ -362,7 +390,7 @@ class BenchServer:
             while time.monotonic() < deadline:
                 left = [d for g in group_dirs(self.data_dir) for d in g.iterdir() if d.is_dir()
                         and cgroup_pids(d)]
-                if not left:
+                if not left and (self.drained is None or self.drained()):
                     break
                 time.sleep(0.1)
         return len(ids)
@@ -383,12 +411,7 @@ class BenchServer:
             console.print(f"[bold red]LEAK after stop:[/bold red] {self.leaks}")
             self.leaks["force_killed"] = force_kill_group(self.data_dir)
             self.leaks["after_force_kill"] = leak_report(self.data_dir)
-        # Remove our now-empty cgroup group directories (only ours: orchard/<our key>).
-        for group in group_dirs(self.data_dir):
-            for d in [*group.iterdir(), group]:
-                if d.is_dir() and not cgroup_pids(d):
-                    with contextlib.suppress(OSError):
-                        d.rmdir()
+        remove_group_dirs(self.data_dir)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.leaks["data_dir_removed"] = not self.tmp.exists()
         return self.leaks

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 from datetime import UTC, datetime
@@ -124,13 +125,16 @@ class FakeKubelet:
             await self._status(key, {"phase": "Failed", "reason": "StartError",
                                      "message": str(e)[:2000]})
             return
-        ip = self._allocate_ip()
         socket_path = handle.address.removeprefix("unix:")
         port = container["ports"][0]["containerPort"]
-        relay = await asyncio.start_server(
-            lambda r, w: _relay(r, w, socket_path), ip, port, reuse_address=True)
-        self._relays[key] = (relay, ip)
-        await _probe(ip, port)
+        try:
+            relay, ip = await self._listen(socket_path, port)
+            self._relays[key] = (relay, ip)
+            await _probe(ip, port)
+        except Exception as e:  # noqa: BLE001 - a pod left Pending would hide it
+            await self._status(key, {"phase": "Failed", "reason": "FakeKubelet",
+                                     "message": f"pod network: {e!r}"[:2000]})
+            return
         await self._status(key, {
             "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
             "startTime": _now(),
@@ -142,6 +146,22 @@ class FakeKubelet:
                                    "imageID": "", "started": True,
                                    "state": {"running": {"startedAt": _now()}}}],
         })
+
+    async def _listen(self, socket_path: str, port: int) -> tuple[asyncio.Server, str]:
+        """The pod's relay, on a Pod IP of its own. Another fake cluster on this host (another
+        test session) hands out the same addresses: one that is taken is skipped for good."""
+        for _ in range(1000):
+            ip = self._allocate_ip()
+            try:
+                relay = await asyncio.start_server(
+                    lambda r, w: _relay(r, w, socket_path), ip, port, reuse_address=True)
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                log.info("pod IP %s:%d is taken by another process; skipping it", ip, port)
+                continue
+            return relay, ip
+        raise RuntimeError(f"no free pod IP for port {port} after 1000 tries")
 
     async def _stop_pod(self, key: tuple[str, str]) -> None:
         task = self._pods.pop(key, None)
