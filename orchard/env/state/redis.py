@@ -47,6 +47,20 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def _cancels_requested() -> int:
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def _reraise_swallowed_cancel(before: int) -> None:
+    """redis-py sends each command under ``asyncio.wait_for``, which before Python 3.12 can
+    swallow a cancellation that lands just as the send completes: raise it again, or a
+    cancelled loop (the reconciler, a lock renewer, the pub/sub dispatcher) runs on forever
+    and whatever awaits it (shutdown, a lock release) hangs."""
+    if _cancels_requested() > before:
+        raise asyncio.CancelledError
 _UNFINISHED = {JobStatus.queued, JobStatus.running}
 
 # A waiter for a lock normally wakes on the holder's release publish, or when the key's own
@@ -367,10 +381,13 @@ class RedisStore:
     async def _call(self, fn: Callable[P, Awaitable[T]], *args: P.args, **kw: P.kwargs) -> T:
         if self._closed:
             raise RuntimeError(f"RedisStore for {self.url_redacted} is closed")
+        before = _cancels_requested()
         try:
-            return await fn(*args, **kw)
+            result = await fn(*args, **kw)
         except _NETWORK_ERRORS as e:
             raise self._unavailable(e) from e
+        _reraise_swallowed_cancel(before)
+        return result
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -499,7 +516,9 @@ class RedisStore:
     async def _ps_send(conn: AbstractConnection, *args: str) -> None:
         if not conn.is_connected:  # send_command would silently open a fresh socket
             raise RedisConnectionError("pub/sub connection is closed")
+        before = _cancels_requested()
         await conn.send_command(*args, check_health=False)
+        _reraise_swallowed_cancel(before)
 
     async def _dispatch(self) -> None:
         outage_logged = False
