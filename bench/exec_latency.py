@@ -132,7 +132,8 @@ async def _load(url: str, ids: list[str], concurrency: int, command: str,
             nonlocal done
             while not stop.is_set():
                 sb = sandboxes[next(cursor) % len(sandboxes)]
-                done += await _timed_exec(sb, command, times, failures)
+                ok = await _timed_exec(sb, command, times, failures)
+                done += ok  # not `done += await ...`: that reads done before the await
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t_start
@@ -179,7 +180,8 @@ async def _throughput(url: str, ids: list[str], seconds: float) -> dict[str, Any
         async def worker(sb: Any) -> None:
             nonlocal done
             while time.perf_counter() < deadline:
-                done += await _timed_exec(sb, ["true"], times, failures)
+                ok = await _timed_exec(sb, ["true"], times, failures)
+                done += ok
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(sb) for sb in sandboxes))
