@@ -40,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
-from burst import GOAL_SUCCESS, error_key, rejections  # noqa: E402
+from burst import GOAL_SUCCESS, burst, error_key, rejections  # noqa: E402
 from common import (  # noqa: E402
     REPO_ROOT,
     BenchServer,
@@ -60,7 +60,7 @@ from exec_latency import GOAL_RATIO, probe  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT))  # for tests.fakekube, in this process and the cluster's
 
-from orchard.env.client import AsyncSandboxClient, RetryPolicy, SandboxClient  # noqa: E402
+from orchard.env.client import SandboxClient  # noqa: E402
 
 # Any container image reference: the fake kubelet runs every image as the host's root.
 IMAGE = "python:3.12-slim"
@@ -355,63 +355,6 @@ def open_network(url: str, n: int) -> dict[str, Any]:
             "failures": dict(failures)}
 
 
-async def burst(url: str, n: int, concurrency: int, retries: int) -> dict[str, Any]:
-    """burst.py's burst on the Kubernetes backend: create (POST, then wait ready), exec
-    ``echo ok``, delete; the create is split into the POST and the wait for readiness."""
-    sem = asyncio.Semaphore(concurrency)
-    times: dict[str, list[float]] = {k: [] for k in ("post", "ready_wait", "create_to_ready",
-                                                      "exec", "delete", "lifecycle")}
-    failures: Counter[str] = Counter()
-    ok = 0
-    policy = RetryPolicy(retries=retries, max_retry_after=10.0)
-    async with AsyncSandboxClient(url, timeout=120.0, retry=policy) as client:
-
-        async def task() -> None:
-            nonlocal ok
-            async with sem:
-                stage, sb = "create", None
-                try:
-                    t0 = time.perf_counter()
-                    sb = await client.create_sandbox(IMAGE, wait=False)
-                    t1 = time.perf_counter()
-                    stage = "wait ready"
-                    await sb.wait_ready(300.0)
-                    t2 = time.perf_counter()
-                    stage = "exec"
-                    r = await sb.exec("echo ok")
-                    t3 = time.perf_counter()
-                    if r.exit_code != 0 or r.stdout != "ok\n":
-                        raise ValueError(f"echo ok gave exit {r.exit_code}, stdout "
-                                         f"{r.stdout!r}, stderr {r.stderr[:100]!r}")
-                    stage = "delete"
-                    await sb.delete()
-                    sb = None
-                    t4 = time.perf_counter()
-                    for key, value in (("post", t1 - t0), ("ready_wait", t2 - t1),
-                                       ("create_to_ready", t2 - t0), ("exec", t3 - t2),
-                                       ("delete", t4 - t3), ("lifecycle", t4 - t0)):
-                        times[key].append(value)
-                    ok += 1
-                except Exception as exc:  # noqa: BLE001 - counted, reported
-                    failures[error_key(stage, exc)] += 1
-                finally:
-                    if sb is not None:  # failed after create: do not leave it behind
-                        try:
-                            await sb.delete()
-                        except Exception as exc:  # noqa: BLE001
-                            failures[error_key("cleanup delete", exc)] += 1
-
-        t_start = time.perf_counter()
-        await asyncio.gather(*(task() for _ in range(n)))
-        wall = time.perf_counter() - t_start
-    return {
-        "n": n, "concurrency": concurrency, "succeeded": ok, "failed": n - ok,
-        "success_rate": ok / n if n else 0.0, "wall_s": wall, "lifecycles_per_s": ok / wall,
-        **{f"{k}_ms": summarize_ms(v) for k, v in times.items()},
-        "failures": dict(failures),
-    }
-
-
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -481,7 +424,7 @@ def main() -> int:
             cpu0 = (process_cpu_s(srv.proc.pid), cluster.cpu_s(), process_cpu_s(os.getpid()),
                     machine_busy_cpu_s())
             results["burst"] = b = asyncio.run(
-                burst(url, args.burst, args.concurrency, args.retries))
+                burst(url, args.burst, args.concurrency, args.retries, IMAGE))
             cpu1 = (process_cpu_s(srv.proc.pid), cluster.cpu_s(), process_cpu_s(os.getpid()),
                     machine_busy_cpu_s())
             b["http_503s"] = rejections(url) - rej0

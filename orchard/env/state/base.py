@@ -8,6 +8,7 @@ beating, which is how the others learn its jobs will never finish.
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
@@ -32,6 +33,26 @@ class Subscription(Protocol):
         """True once a publish on the channel arrived since subscribing (or since the previous
         wait returned True); False on timeout. Publishes are never lost between waits."""
         ...
+
+
+class EventSubscription:
+    """A Subscription fed by its store's dispatcher calling wake(); the event stays set until
+    a wait consumes it, which is what keeps a publish from being lost between waits."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float) -> bool:
+        if not self._event.is_set():
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except TimeoutError:
+                return False
+        self._event.clear()
+        return True
 
 
 @runtime_checkable

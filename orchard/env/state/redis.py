@@ -39,7 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from orchard.env.schema import Job, JobStatus, SandboxInfo, SandboxStatus
-from orchard.env.state.base import LockLost, LockTimeout, StoreUnavailable
+from orchard.env.state.base import EventSubscription, LockLost, LockTimeout, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -149,28 +149,11 @@ def _split_prefix(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=rest)), prefixes[0] if prefixes else "orchard"
 
 
-class _RedisSubscription:
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def wake(self) -> None:
-        self._event.set()
-
-    async def wait(self, timeout: float) -> bool:
-        if not self._event.is_set():
-            try:
-                await asyncio.wait_for(self._event.wait(), timeout)
-            except TimeoutError:
-                return False
-        self._event.clear()
-        return True
-
-
 class _Channel:
     """One Redis subscription, shared by every local subscriber of its channel."""
 
     def __init__(self) -> None:
-        self.subscribers: set[_RedisSubscription] = set()
+        self.subscribers: set[EventSubscription] = set()
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def confirmed(self) -> None:
@@ -187,13 +170,13 @@ class _Channel:
             self.ready.set_result(None)
 
 
-class _Subscribe(AbstractAsyncContextManager[_RedisSubscription]):
+class _Subscribe(AbstractAsyncContextManager[EventSubscription]):
     def __init__(self, store: RedisStore, key: str) -> None:
         self._store = store
         self._key = key
-        self._sub = _RedisSubscription()
+        self._sub = EventSubscription()
 
-    async def __aenter__(self) -> _RedisSubscription:
+    async def __aenter__(self) -> EventSubscription:
         store, key = self._store, self._key
         try:
             async with asyncio.timeout(store.timeout):
@@ -476,7 +459,7 @@ class RedisStore:
     def _subscribe_key(self, key: str) -> _Subscribe:
         return _Subscribe(self, key)
 
-    async def _join(self, key: str, sub: _RedisSubscription) -> _Channel:
+    async def _join(self, key: str, sub: EventSubscription) -> _Channel:
         if self._closed:
             raise RuntimeError(f"RedisStore for {self.url_redacted} is closed")
         ch = self._channels.get(key)
@@ -490,7 +473,7 @@ class RedisStore:
             ch.subscribers.add(sub)
         return ch
 
-    async def _leave(self, key: str, sub: _RedisSubscription) -> None:
+    async def _leave(self, key: str, sub: EventSubscription) -> None:
         ch = self._channels.get(key)
         if ch is None or sub not in ch.subscribers:
             return

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from orchard.env.schema import Job, SandboxInfo
-from orchard.env.state.base import LockTimeout
+from orchard.env.state.base import EventSubscription, LockTimeout
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -42,23 +42,6 @@ def sqlite_path(url: str) -> Path:
     return Path(parts.path)
 
 
-class _LocalSubscription:
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def wake(self) -> None:
-        self._event.set()
-
-    async def wait(self, timeout: float) -> bool:
-        if not self._event.is_set():
-            try:
-                await asyncio.wait_for(self._event.wait(), timeout)
-            except TimeoutError:
-                return False
-        self._event.clear()
-        return True
-
-
 @dataclass
 class _LocalLock:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -76,7 +59,7 @@ class SqliteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
-        self._subscribers: dict[str, set[_LocalSubscription]] = {}
+        self._subscribers: dict[str, set[EventSubscription]] = {}
         self._locks: dict[str, _LocalLock] = {}
 
     async def put_sandbox(self, info: SandboxInfo) -> None:
@@ -130,8 +113,8 @@ class SqliteStore:
             sub.wake()
 
     @asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[_LocalSubscription]:
-        sub = _LocalSubscription()
+    async def subscribe(self, channel: str) -> AsyncIterator[EventSubscription]:
+        sub = EventSubscription()
         self._subscribers.setdefault(channel, set()).add(sub)
         try:
             yield sub
