@@ -13,6 +13,7 @@ a process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import sys
@@ -66,32 +67,38 @@ def rejections(url: str) -> float:
 # --- sequential create->ready -----------------------------------------------------------
 
 
-def sequential(url: str, n: int) -> dict[str, Any]:
-    create: list[float] = []
+def sequential(url: str, n: int, image: str = "host") -> dict[str, Any]:
+    """n times: POST /sandboxes, wait ready, delete."""
     post: list[float] = []
+    ready: list[float] = []
     delete: list[float] = []
     failures: Counter[str] = Counter()
     with SandboxClient(url, timeout=120.0) as client:
         for _ in range(n):
             t0 = time.perf_counter()
+            sb = None
             try:
-                sb = client.create_sandbox(wait=False)
+                sb = client.create_sandbox(image, wait=False)
                 t1 = time.perf_counter()
                 sb.wait_ready(120.0)
                 t2 = time.perf_counter()
             except Exception as exc:  # noqa: BLE001 - counted, reported
                 failures[error_key("create", exc)] += 1
+                if sb is not None:
+                    with contextlib.suppress(Exception):
+                        sb.delete()
                 continue
             post.append(t1 - t0)
-            create.append(t2 - t0)
+            ready.append(t2 - t0)
             t3 = time.perf_counter()
             try:
                 sb.delete()
             except Exception as exc:  # noqa: BLE001 - counted, reported
                 failures[error_key("delete", exc)] += 1
             delete.append(time.perf_counter() - t3)
-    return {"create_to_ready_ms": summarize_ms(create), "post_ms": summarize_ms(post),
+    return {"create_to_ready_ms": summarize_ms(ready), "post_ms": summarize_ms(post),
             "delete_ms": summarize_ms(delete), "failures": dict(failures)}
+
 
 
 # --- the burst ------------------------------------------------------------------------------

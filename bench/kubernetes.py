@@ -40,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
-from burst import GOAL_SUCCESS, burst, error_key, rejections  # noqa: E402
+from burst import GOAL_SUCCESS, burst, error_key, rejections, sequential  # noqa: E402
 from common import (  # noqa: E402
     REPO_ROOT,
     BenchServer,
@@ -277,39 +277,6 @@ def phase_requests(url: str, cluster: ClusterProcess, before: Counter[tuple[Any,
 # --- the phases -----------------------------------------------------------------------------
 
 
-def sequential(url: str, n: int) -> dict[str, Any]:
-    """n times: POST /sandboxes, wait ready, delete (block_network=true)."""
-    post: list[float] = []
-    ready: list[float] = []
-    delete: list[float] = []
-    failures: Counter[str] = Counter()
-    with SandboxClient(url, timeout=120.0) as client:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            sb = None
-            try:
-                sb = client.create_sandbox(IMAGE, wait=False)
-                t1 = time.perf_counter()
-                sb.wait_ready(120.0)
-                t2 = time.perf_counter()
-            except Exception as exc:  # noqa: BLE001 - counted, reported
-                failures[error_key("create", exc)] += 1
-                if sb is not None:
-                    with contextlib.suppress(Exception):
-                        sb.delete()
-                continue
-            post.append(t1 - t0)
-            ready.append(t2 - t0)
-            t3 = time.perf_counter()
-            try:
-                sb.delete()
-            except Exception as exc:  # noqa: BLE001 - counted, reported
-                failures[error_key("delete", exc)] += 1
-            delete.append(time.perf_counter() - t3)
-    return {"create_to_ready_ms": summarize_ms(ready), "post_ms": summarize_ms(post),
-            "delete_ms": summarize_ms(delete), "failures": dict(failures)}
-
-
 def exec_phase(url: str, cluster: ClusterProcess, n: int, warmup: int) -> dict[str, Any]:
     """exec_latency.probe on one pod, and the API requests made during its execs."""
     with SandboxClient(url, timeout=60.0) as client:
@@ -404,7 +371,7 @@ def main() -> int:
 
             console.print(f"(1) {args.seq_n} sequential create->ready ...")
             before = cluster.requests()
-            results["sequential"] = sequential(url, args.seq_n)
+            results["sequential"] = sequential(url, args.seq_n, IMAGE)
             api["sequential_blocked"] = phase_requests(url, cluster, before, args.seq_n, settle)
 
             console.print(f"(2) {args.exec_n} exec rounds over the Pod IP ...")

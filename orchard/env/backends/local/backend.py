@@ -310,7 +310,7 @@ class LocalBackend:
         tree, and their sandboxes are not ours to reap."""
         for sid, launcher in list(self._launchers.items()):
             if launcher.poll() is not None:  # crashed: reap it; its dirs stay until delete
-                del self._launchers[sid]
+                self._launchers.pop(sid, None)  # a teardown thread may have popped it
         return {p.name for p in self.sandboxes_dir.iterdir() if p.is_dir()}
 
     async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
