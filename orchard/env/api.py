@@ -44,6 +44,7 @@ from orchard.env.schema import (
     SandboxList,
 )
 from orchard.env.service import SandboxService
+from orchard.env.state.base import LockTimeout, StoreUnavailable
 from orchard.version import __version__
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -142,6 +143,14 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, exc.status, headers=exc.headers)
+
+    @app.exception_handler(StoreUnavailable)
+    @app.exception_handler(LockTimeout)
+    async def _store_trouble(_: Request, exc: Exception) -> JSONResponse:
+        # Transient by nature (a Redis failover, a record busy with another replica's change):
+        # nothing was half-done that a retry would repeat wrongly.
+        return JSONResponse({"detail": f"state store: {exc}; retry shortly"}, 503,
+                            headers={"Retry-After": "2"})
 
     def agent_call(sid: str) -> Callable[[Awaitable[Any]], Awaitable[Any]]:
         async def call(awaitable: Awaitable[Any]) -> Any:
