@@ -125,6 +125,28 @@ def serve(
     )
 
 
+@app.command()
+def proxy(
+    upstream: Annotated[
+        list[str], typer.Option(help="OpenAI-compatible base URL (repeatable), e.g. "
+                                "http://127.0.0.1:8001; a session sticks to one.")],
+    store: Annotated[Path, typer.Option(help="Directory for the session logs.")],
+    host: str = "127.0.0.1",
+    port: int = 8100,
+    api_key: Annotated[
+        str | None, typer.Option(help="Bearer token for the upstreams (else the client's).",
+                                 envvar="ORCHARD_UPSTREAM_API_KEY")] = None,
+    log_level: str = "info",
+) -> None:
+    """Run the recording proxy: harnesses use http://HOST:PORT/s/SESSION/v1 as their base URL."""
+    import uvicorn
+
+    from orchard.rollout.proxy import ProxySettings, create_proxy_app
+
+    app_ = create_proxy_app(ProxySettings(upstreams=upstream, store=store, api_key=api_key))
+    uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False)
+
+
 @app.command("agent-bundle")
 def agent_bundle(
     out: Annotated[Path, typer.Argument(help="Directory to write the bundle to (must not exist).")],
