@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import logging
 import os
 import resource
-import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ from orchard.env.backends.base import Backend
 from orchard.env.config import Settings
 from orchard.env.service import SandboxService
 from orchard.env.state import open_store
+from orchard.serving import ThreadedServer
 
 
 def make_backend(settings: Settings, embedded: bool = False) -> Backend:
@@ -113,7 +111,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, config: Path | None = None,
                 timeout_graceful_shutdown=10)
 
 
-class EmbeddedOrchestrator:
+class EmbeddedOrchestrator(ThreadedServer):
     """An orchestrator on 127.0.0.1 in a background thread, for the life of a client.
 
     It deletes every sandbox it made when stopped, so a notebook or a test needs no set-up
@@ -124,35 +122,11 @@ class EmbeddedOrchestrator:
         if data_dir is not None:
             settings["data_dir"] = data_dir
         self.settings = Settings(**settings)
-        self.url: str | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__(None, name="orchard-embedded")
 
     def start(self, timeout: float = 60.0) -> str:
-        app = build_app(self.settings, delete_on_shutdown=True)
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                access_log=False, lifespan="on")
-        self._server = server = uvicorn.Server(config)
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self._thread = threading.Thread(target=lambda: asyncio.run(server.serve()),
-                                        name="orchard-embedded", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError("embedded orchestrator failed to start; see the log above")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"embedded orchestrator not up after {timeout}s")
-            time.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(60)
-        self._server = self._thread = None
+        self.app = build_app(self.settings, delete_on_shutdown=True)
+        return super().start(timeout)
 
     def __enter__(self) -> str:
         return self.start()

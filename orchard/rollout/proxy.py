@@ -13,10 +13,11 @@ conversation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,45 @@ def _error(status: int, message: str) -> JSONResponse:
                                    "code": status}}, status)
 
 
+class _Recorder:
+    """Appends calls off the event loop, after their answers went out (the fsync is not on the
+    harness's clock), while readers of a session still see every call that was answered."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self._writing: dict[str, int] = {}
+        self._idle: dict[str, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def expect(self, session: str) -> None:
+        self._writing[session] = self._writing.get(session, 0) + 1
+        self._idle.setdefault(session, asyncio.Event()).clear()
+
+    async def write(self, session: str, call: dict[str, Any]) -> None:
+        try:
+            await asyncio.to_thread(self.store.append, session, call)
+        finally:
+            self._writing[session] -= 1
+            if not self._writing[session]:
+                del self._writing[session]
+                self._idle.pop(session).set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def read(self, session: str) -> list[dict[str, Any]] | None:
+        if session in self._idle:
+            # Bounded: a stream whose client vanished before it began never reaches its write.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle[session].wait(), 10)
+        return await asyncio.to_thread(self.store.read, session)
+
+
 def create_proxy_app(settings: ProxySettings) -> FastAPI:
     store = SessionStore(settings.store)
+    recorder = _Recorder(store)
     clients: list[httpx.AsyncClient] = []
 
     @asynccontextmanager
@@ -102,21 +140,21 @@ def create_proxy_app(settings: ProxySettings) -> FastAPI:
         except httpx.HTTPError as e:
             call.update(status=502, error=f"upstream {client.base_url} unreachable: {e!r}",
                         latency_ms=(time.perf_counter() - t0) * 1000)
-            await asyncio.to_thread(store.append, session, call)
+            recorder.expect(session)
+            await recorder.write(session, call)
             return _error(502, f"{call['error']}; check that the model server is up")
+        recorder.expect(session)
         content_type = response.headers.get("content-type", "application/json")
         if response.status_code < 400 and content_type.startswith("text/event-stream"):
-            return StreamingResponse(_relay_stream(response, call, store, session, t0),
+            return StreamingResponse(_relay_stream(response, call, recorder, session, t0),
                                      status_code=response.status_code, media_type=content_type)
         data = await response.aread()
         await response.aclose()
         call.update(status=response.status_code, latency_ms=(time.perf_counter() - t0) * 1000,
                     **_parse_body(data, response.status_code))
         call["tokens"] = token_view(call)
-        # Recorded after the answer is sent: the fsync is not on the harness's clock.
         return Response(data, response.status_code, media_type=content_type,
-                        background=BackgroundTask(asyncio.to_thread, store.append, session,
-                                                  call))
+                        background=BackgroundTask(recorder.write, session, call))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -136,7 +174,7 @@ def create_proxy_app(settings: ProxySettings) -> FastAPI:
 
     async def recorded(session: str) -> list[dict[str, Any]] | JSONResponse:
         try:
-            calls = await asyncio.to_thread(store.read, session)
+            calls = await recorder.read(check_session(session))
         except BadSession as e:
             return _error(400, str(e))
         if calls is None:
@@ -159,10 +197,18 @@ def create_proxy_app(settings: ProxySettings) -> FastAPI:
     return app
 
 
-async def _relay_stream(response: httpx.Response, call: dict[str, Any], store: SessionStore,
+async def _relay_stream(response: httpx.Response, call: dict[str, Any], recorder: _Recorder,
                         session: str, t0: float) -> AsyncIterator[bytes]:
     """Pass each chunk on as it arrives (no buffering added), keeping a copy to record."""
     seen: list[bytes] = []
+
+    async def finish() -> None:
+        await response.aclose()
+        call.update(status=response.status_code, latency_ms=(time.perf_counter() - t0) * 1000,
+                    response=assemble_stream(b"".join(seen)))
+        call["tokens"] = token_view(call)
+        await recorder.write(session, call)
+
     try:
         async for chunk in response.aiter_raw():
             seen.append(chunk)
@@ -170,11 +216,9 @@ async def _relay_stream(response: httpx.Response, call: dict[str, Any], store: S
     except httpx.HTTPError as e:
         call["error"] = f"upstream stream broke: {e!r}"
     finally:
-        await response.aclose()
-        call.update(status=response.status_code, latency_ms=(time.perf_counter() - t0) * 1000,
-                    response=assemble_stream(b"".join(seen)))
-        call["tokens"] = token_view(call)
-        await asyncio.to_thread(store.append, session, call)
+        # A client that hangs up after [DONE] cancels this generator: the record must not
+        # go down with it, so it is written by a task of its own.
+        recorder.spawn(finish())
 
 
 def _parse_body(data: bytes, status: int) -> dict[str, Any]:

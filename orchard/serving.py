@@ -1,0 +1,48 @@
+"""Serving an ASGI app on 127.0.0.1 in a background thread: the embedded orchestrator, the
+teacher model server and the proxy in tests all run this way."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+class ThreadedServer:
+    """An ASGI app served by uvicorn on 127.0.0.1 (a free port) in a background thread."""
+
+    def __init__(self, app: Any, name: str) -> None:
+        self.app = app
+        self.name = name
+        self.url: str | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 60.0) -> str:
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
+                                access_log=False, lifespan="on")
+        self._server = server = uvicorn.Server(config)
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=lambda: asyncio.run(server.serve()),
+                                        name=self.name, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"{self.name} failed to start; see the log above")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} not up after {timeout}s")
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(60)
+        self._server = self._thread = None
+        self.url = None
