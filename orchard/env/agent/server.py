@@ -2,7 +2,8 @@
 
 It runs from the read-only interpreter bundle mounted into the sandbox, so it must use the
 standard library only and import as little as possible (every sandbox pays for its heap).
-One thread per connection; one blocking ``waitpid`` per command; no polling loops.
+One thread per connection; one blocking ``waitpid`` per command; orphans are reaped on SIGCHLD
+(with a once-a-second sweep as a safety net).
 
 Wire protocol (the orchestrator's ``agent.client`` is the other side):
   GET  /health                          -> {"status": "ok", "pid", "processes"}
@@ -192,7 +193,9 @@ def _wait(proc):
 def _reap_orphans():
     me = os.getpid()
     while True:
-        _ORPHANS.wait()
+        # Woken by SIGCHLD; the timeout is a safety net: a wake-up lost in a storm of exits
+        # would otherwise leave zombies holding the sandbox's pids limit for good.
+        _ORPHANS.wait(1.0)
         _ORPHANS.clear()
         with _SPAWN_LOCK:
             for pid, state, ppid, _pg, _sid in _processes():
@@ -923,8 +926,21 @@ def main(argv):
     sel = selectors.DefaultSelector()
     for s in socks:
         sel.register(s, selectors.EVENT_READ)
+    # Python runs signal handlers in the main thread only, and the kernel may hand SIGCHLD to
+    # any thread: without a wakeup fd, the orphan reaper would wait for the next accept (never,
+    # with keep-alive clients) while zombies hold the sandbox's pids limit.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    sel.register(wake_r, selectors.EVENT_READ)
     while True:
         for key, _ in sel.select():
+            if key.fileobj == wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 4096):
+                        pass
+                continue
             conn, _addr = key.fileobj.accept()
             if conn.family != socket.AF_UNIX:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
