@@ -85,3 +85,19 @@ def test_nothing_leaks_after_all_sandboxes_are_deleted(orchestrator: str,
     for g in groups:
         procs = (g / "cgroup.procs").read_text().split() if g.is_dir() else []
         assert procs == [], (g, procs)
+
+
+
+def test_a_stopped_orchestrator_leaves_no_cgroup_group(data_dir: Path, orchestrator: str) -> None:
+    from orchard.env.server import EmbeddedOrchestrator
+    from tests.conftest import short_data_dir
+
+    del orchestrator  # needed only for the bundle it built
+    with short_data_dir(data_dir) as short:
+        key = hashlib.sha256(str((short / "local").resolve()).encode()).hexdigest()[:12]
+        with EmbeddedOrchestrator(data_dir=short) as url, \
+                httpx.Client(base_url=url, timeout=60) as http:
+            sid = http.post("/sandboxes", json={"image": "host"}).json()["sandbox_id"]
+            assert http.get(f"/sandboxes/{sid}/wait").status_code == 200
+            assert glob.glob(f"/sys/fs/cgroup/*/orchard/{key}/{sid}")  # the check can fail
+        assert glob.glob(f"/sys/fs/cgroup/*/orchard/{key}") == []

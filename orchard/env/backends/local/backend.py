@@ -326,6 +326,7 @@ class LocalBackend:
 
     async def close(self) -> None:
         self._teardown_pool.shutdown(wait=True)
+        self.cgroups.remove_group()
         os.close(self._lifeline)
         await asyncio.to_thread(self._zygote.wait)
 

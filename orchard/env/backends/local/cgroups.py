@@ -344,6 +344,13 @@ class CgroupManager:
                 ids.update(p.name for p in group_dir.iterdir() if p.is_dir())
         return ids
 
+    def remove_group(self) -> None:
+        """Remove this manager's group directories if no sandbox cgroup is left in them (a
+        standalone orchestrator's surviving sandboxes keep theirs)."""
+        for h in self._hierarchies():
+            with contextlib.suppress(OSError):  # not empty, or already gone
+                (h.mount / self.group).rmdir()
+
     # -- accounting ----------------------------------------------------------------------
 
     def memory_usage(self, sandbox_id: str) -> int | None:
