@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import yaml
@@ -303,7 +303,29 @@ def remove_group_dirs(data_dir: Path, sub: str = "local") -> None:
                     d.rmdir()
 
 
-class BenchServer:
+class StartStop:
+    """The context-manager side of a helper with start() and stop(): a start that fails
+    half-way still stops what it started."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class BenchServer(StartStop):
     """``serve(...)`` in a child process, with a private data dir; a context manager.
 
     ``settings``: more orchestrator settings (e.g. ``{"backend": "kubernetes", "kubernetes":
@@ -416,16 +438,6 @@ class BenchServer:
         self.leaks["data_dir_removed"] = not self.tmp.exists()
         return self.leaks
 
-    def __enter__(self) -> BenchServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def print_leaks(leaks: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx  # noqa: E402
 from common import (  # noqa: E402
     REPO_ROOT,
+    StartStop,
     base_parser,
     console,
     finish,
@@ -80,7 +81,7 @@ uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", access_l
 # --- the two servers ------------------------------------------------------------------------
 
 
-class Servers:
+class Servers(StartStop):
     """The teacher and the proxy, each its own process, with a temp dir for the store and logs.
 
     A context manager; on exit both get SIGTERM (SIGKILL after 15 s), then it checks that no
@@ -169,16 +170,6 @@ class Servers:
         self.leaks["data_dir_removed"] = not self.tmp.exists()
         return self.leaks
 
-    def __enter__(self) -> Servers:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # --- one call -------------------------------------------------------------------------------
