@@ -15,6 +15,9 @@ Environment:
 - ``ORCHARD_TEST_CONTEXT``: a kubeconfig context other than the current one.
 - ``ORCHARD_TEST_EGRESS=1``: the cluster can reach the internet, so also check that a sandbox
   with ``block_network: false`` reaches 1.1.1.1:53 (the control for the blocking test).
+- ``ORCHARD_TEST_MODEL_PROXY``: the recording proxy's Service URL as pods reach it (e.g.
+  ``http://orchard-proxy.orchard-system.svc:8080``, deploy/kubernetes/base/proxy.yaml), to
+  check that a ``model_proxy`` sandbox reaches it and still nothing else.
 
 The orchestrator runs embedded, with its usual SQLite state in a temporary directory, and
 deletes its sandboxes when the module ends.
@@ -49,6 +52,7 @@ NAMESPACE = os.environ.get("ORCHARD_TEST_NAMESPACE") or "orchard-sandboxes"
 IMAGE = os.environ.get("ORCHARD_TEST_IMAGE") or "python:3.12-slim"
 CONTEXT = os.environ.get("ORCHARD_TEST_CONTEXT") or None
 EGRESS = os.environ.get("ORCHARD_TEST_EGRESS") == "1"
+MODEL_PROXY = os.environ.get("ORCHARD_TEST_MODEL_PROXY") or None
 READY_S = 600.0  # a first pull of both images can take minutes
 CONNECT = "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), 3)\""
 
@@ -91,6 +95,7 @@ def real_orchestrator() -> Iterator[str]:
     data_dir = Path(tempfile.mkdtemp(prefix="/tmp/orc-real-"))
     settings = {
         "backend": "kubernetes", "reconcile_interval": 2, "pending_timeout": READY_S,
+        "model_proxy": MODEL_PROXY,
         "kubernetes": {"kubeconfig": _kubeconfig(), "context": CONTEXT, "namespace": NAMESPACE,
                        "agent_image": agent_image, "agent_secret": secrets.token_hex(16),
                        "ready_timeout": READY_S},
@@ -202,6 +207,24 @@ def test_block_network_false_allows_egress(http: httpx.Client) -> None:
         assert wait_until(lambda: run(http, sid, command=CONNECT, timeout_seconds=60)
                           ["exit_code"] == 0, timeout=60, interval=2), \
             run(http, sid, command=CONNECT, timeout_seconds=60)
+    finally:
+        http.delete(f"/sandboxes/{sid}")
+
+
+@pytest.mark.skipif(not MODEL_PROXY, reason="set ORCHARD_TEST_MODEL_PROXY to the recording "
+                    "proxy's Service URL to check model-only egress")
+def test_model_proxy_sandbox_reaches_the_proxy_only(http: httpx.Client) -> None:
+    sid = create_ready(http, {"image": IMAGE, "session": "real-egress", "model_proxy": True},
+                       timeout=READY_S)
+    health = ("python3 -c \"import os,urllib.request;u=os.environ['OPENAI_BASE_URL'];"
+              "print(urllib.request.urlopen(u.split('/s/')[0]+'/health',timeout=10).read())\"")
+    try:
+        # The model egress policy and DNS may take a moment to reach the node's datapath.
+        assert wait_until(lambda: run(http, sid, command=health, timeout_seconds=60)
+                          ["exit_code"] == 0, timeout=60, interval=2), \
+            run(http, sid, command=health, timeout_seconds=60)
+        out = run(http, sid, command=CONNECT, timeout_seconds=60)
+        assert out["exit_code"] != 0, f"a model_proxy sandbox reached 1.1.1.1:53: {out}"
     finally:
         http.delete(f"/sandboxes/{sid}")
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -266,7 +267,8 @@ def test_only_the_orchestrator_mounts_an_api_token(rendered: dict[str, list[Mani
 def test_every_container_is_hardened(rendered: dict[str, list[Manifest]]) -> None:
     for docs in rendered.values():
         found = workloads(docs)
-        assert {w["metadata"]["name"] for w in found} == {"orchard-orchestrator", "orchard-redis"}
+        assert {w["metadata"]["name"] for w in found} == {"orchard-orchestrator", "orchard-redis",
+                                                          "orchard-proxy"}
         for workload in found:
             spec = pod_spec(workload)
             pod_security = spec.get("securityContext", {})
@@ -383,6 +385,31 @@ def test_config_file(rendered: dict[str, list[Manifest]]) -> None:
     orchestrator_image = find(docs, "Deployment", "orchard-orchestrator")["spec"]["template"][
         "spec"]["containers"][0]["image"]
     assert kube["agent_image"].rpartition(":")[2] == orchestrator_image.rpartition(":")[2]
+
+
+def test_model_proxy_config_names_the_proxy_service(rendered: dict[str, list[Manifest]]) -> None:
+    """What model_proxy sandboxes are let through to (orchard-allow-model-proxy, made from
+    these settings) must be the proxy's pods, and the URL they get must reach its Service."""
+    for docs in rendered.values():
+        settings, kube = config(docs), config(docs)["kubernetes"]
+        url = httpx.URL(settings["model_proxy"])
+        service = find(docs, "Service", "orchard-proxy", SYSTEM_NS)
+        assert url.host == f"orchard-proxy.{SYSTEM_NS}.svc"
+        port = service["spec"]["ports"][0]
+        assert url.port == port["port"]
+        proxy = find(docs, "StatefulSet", "orchard-proxy", SYSTEM_NS)["spec"]["template"]
+        assert kube["model_proxy_namespace"] == SYSTEM_NS
+        assert selects(kube["model_proxy_pod_labels"], proxy["metadata"]["labels"])
+        assert selects(service["spec"]["selector"], proxy["metadata"]["labels"])
+        container = proxy["spec"]["containers"][0]
+        named = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert kube["model_proxy_port"] == named[port["targetPort"]]
+        assert str(kube["model_proxy_port"]) == container["args"][container["args"].index(
+            "--port") + 1]
+        # The proxy admits the sandboxes' side of that path.
+        policy = find(docs, "NetworkPolicy", "orchard-proxy", SYSTEM_NS)
+        assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP",
+                                                          "port": kube["model_proxy_port"]}]
 
 
 def test_spot_overlay_pins_sandboxes_to_the_tainted_pool(

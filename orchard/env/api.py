@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import hmac
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -21,10 +23,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.env.agent.client import AgentError, AgentUnreachable
 from orchard.env.errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge
+from orchard.env.events import payload
 from orchard.env.schema import (
     CreateSandboxRequest,
     DeleteResponse,
     ErrorBody,
+    EventKind,
+    EventList,
     ExecRequest,
     FileDownload,
     FileList,
@@ -200,13 +205,26 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     async def list_sandboxes(
         label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
     ) -> SandboxList:
-        wanted = {}
-        for item in label:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise BadRequest(f"label filter {item!r} must look like key=value")
-            wanted[key] = value
-        return SandboxList(sandboxes=await service.list(wanted))
+        return SandboxList(sandboxes=await service.list(_label_filter(label)))
+
+    @app.get("/events", response_model=EventList, dependencies=secured, responses=ERRORS)
+    async def list_events(
+        session: Annotated[str | None, Query(description="Events of one rollout")] = None,
+        sandbox_id: str | None = None,
+        label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
+        after: Annotated[int, Query(ge=0, description="Only events with seq > after")] = 0,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> EventList:
+        """The event log, oldest first; page with `after=next_after`. Events outlive their
+        sandbox (for --event-retention, default 7 days)."""
+        return await service.list_events(sandbox_id=sandbox_id, session=session,
+                                         labels=_label_filter(label), after=after, limit=limit)
+
+    @app.get("/sandboxes/{sid}/events", response_model=EventList, dependencies=secured,
+             responses=ERRORS)
+    async def sandbox_events(sid: str, after: Annotated[int, Query(ge=0)] = 0,
+                             limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> EventList:
+        return await service.list_events(sandbox_id=sid, after=after, limit=limit)
 
     @app.get("/sandboxes/{sid}", response_model=SandboxInfo, dependencies=secured,
              responses=ERRORS)
@@ -252,8 +270,14 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
               responses=ERRORS)
     async def apply_patch(sid: str, req: PatchRequest) -> PatchResponse:
         payload = {"patch": req.patch, "cwd": req.cwd, "timeout": req.timeout_seconds}
-        result = await agent_call(sid)((await service.agent(sid)).patch(payload))
-        return PatchResponse(**result)
+        rec, agent = await service.running(sid)
+        started = time.time()
+        result = PatchResponse(**await agent_call(sid)(agent.patch(payload)))
+        # Failed ones too: `git apply --reject` may have applied some hunks before failing.
+        await service.events.record(rec, EventKind.patch, started, patch=req.patch, cwd=req.cwd,
+                                    timeout_seconds=req.timeout_seconds, success=result.success,
+                                    method=result.method, exit_code=result.exit_code)
+        return result
 
     # --- files ---------------------------------------------------------------------------
 
@@ -264,9 +288,12 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
             data = base64.b64decode(req.content, validate=True)
         except ValueError as e:
             raise BadRequest(f"'content' is not valid base64: {e}") from None
-        agent = await service.agent(sid)
-        result = await agent_call(sid)(agent.put_file(req.path, data, req.mode))
-        return FileWriteResult(**result)
+        rec, agent = await service.running(sid)
+        started = time.time()
+        result = FileWriteResult(**await agent_call(sid)(agent.put_file(req.path, data, req.mode)))
+        await service.events.record(rec, EventKind.file_write, started, path=req.path,
+                                    mode=req.mode, **payload(data, settings.event_content_bytes))
+        return result
 
     @app.get("/sandboxes/{sid}/files", response_model=FileDownload, dependencies=secured,
              responses=ERRORS)
@@ -287,8 +314,9 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     async def upload_raw(sid: str, path: str, request: Request,
                          mode: Annotated[int | None, Query(ge=0, le=0o7777)] = None
                          ) -> FileWriteResult:
-        agent = (await service.agent(sid))
-        limit = settings.max_upload_bytes
+        rec, agent = await service.running(sid)
+        started, limit, keep = time.time(), settings.max_upload_bytes, settings.event_content_bytes
+        digest, kept = hashlib.sha256(), bytearray()
 
         async def body() -> AsyncIterator[bytes]:
             seen = 0
@@ -297,11 +325,19 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
                     seen += len(chunk)
                     if seen > limit:
                         raise TooLarge(f"upload is over the server's limit of {limit} bytes")
+                    digest.update(chunk)
+                    if len(kept) <= keep:
+                        kept.extend(chunk)
                     yield chunk
             except ClientDisconnect:  # an aborted upload: the agent keeps the old file
                 raise BadRequest(f"client disconnected after {seen} bytes") from None
 
-        return FileWriteResult(**await agent_call(sid)(agent.put_file(path, body(), mode)))
+        result = FileWriteResult(**await agent_call(sid)(agent.put_file(path, body(), mode)))
+        await service.events.record(
+            rec, EventKind.file_write, started, path=path, mode=mode, size=result.size,
+            sha256=digest.hexdigest(),
+            content_b64=base64.b64encode(kept).decode() if result.size <= keep else None)
+        return result
 
     @app.get("/sandboxes/{sid}/files/raw", dependencies=secured, responses=ERRORS,
              response_class=StreamingResponse)
@@ -318,11 +354,20 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
 
     @app.post("/sandboxes/{sid}/files/mkdir", dependencies=secured, responses=ERRORS)
     async def mkdir(sid: str, req: PathRequest) -> dict[str, str]:
-        return await agent_call(sid)((await service.agent(sid)).mkdir(req.path))
+        rec, agent = await service.running(sid)
+        started = time.time()
+        result = await agent_call(sid)(agent.mkdir(req.path))
+        await service.events.record(rec, EventKind.mkdir, started, path=req.path)
+        return result
 
     @app.delete("/sandboxes/{sid}/files", dependencies=secured, responses=ERRORS)
     async def remove(sid: str, path: str, recursive: bool = False) -> dict[str, str]:
-        return await agent_call(sid)((await service.agent(sid)).remove(path, recursive))
+        rec, agent = await service.running(sid)
+        started = time.time()
+        result = await agent_call(sid)(agent.remove(path, recursive))
+        await service.events.record(rec, EventKind.remove, started, path=path,
+                                    recursive=recursive)
+        return result
 
     # --- background processes -------------------------------------------------------------
 
@@ -416,3 +461,13 @@ def _bearer(value: str | None) -> str | None:
     if value and value.lower().startswith("bearer "):
         return value[7:].strip()
     return None
+
+
+def _label_filter(items: list[str]) -> dict[str, str]:
+    wanted = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadRequest(f"label filter {item!r} must look like key=value")
+        wanted[key] = value
+    return wanted

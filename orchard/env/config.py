@@ -30,6 +30,14 @@ class Settings(BaseModel):
     pending_timeout: float = Field(120, gt=0)
     reconcile_interval: float = Field(5, gt=0)
     retention: float = Field(3600, gt=0, description="Seconds deleted records and jobs are kept.")
+    event_retention: float = Field(
+        7 * 24 * 3600, gt=0, description="Seconds sandbox events (the trace) are kept.")
+    event_content_bytes: int = Field(
+        1 << 20, ge=0, description="Largest file/stdin content an event keeps for replay; "
+        "bigger ones keep only size and sha256.")
+    model_proxy: str | None = Field(
+        None, description="URL of the recording proxy that model_proxy sandboxes may reach: as "
+        "the orchestrator's host reaches it (local) or as pods do (kubernetes).")
     max_json_body: int = Field(64 << 20, description="Largest JSON request body, bytes.")
     max_upload_bytes: int = Field(8 << 30, description="Largest raw upload, bytes.")
 

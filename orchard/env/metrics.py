@@ -22,4 +22,6 @@ class Metrics:
         self.rejected = Counter("orchard_admission_rejections", "503s from admission control",
                                 registry=r)
         self.live = Gauge("orchard_sandboxes_live", "Pending or running sandboxes", registry=r)
+        self.events_lost = Counter("orchard_events_lost", "Sandbox events the store refused",
+                                   registry=r)
         self.in_flight = Gauge("orchard_creates_in_flight", "Creates in progress", registry=r)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import base64
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SANDBOX_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # a DNS label: also a pod name
+# The recording proxy's session ids (they name its files): one rollout, one session.
+SESSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_OUTPUT_BYTES_DEFAULT = 10 * 1024 * 1024
 
 
@@ -59,6 +61,20 @@ class CreateSandboxRequest(_Strict):
     exclusive_exec: bool = Field(
         False, description="Run this sandbox's execs one at a time, across all orchestrator "
         "replicas (later ones queue, up to their own timeout).")
+    session: Annotated[str | None, Field(pattern=SESSION_PATTERN)] = Field(
+        None, description="The rollout this sandbox belongs to: tags its events (GET "
+        "/events?session=) and names its recording-proxy session.")
+    model_proxy: bool = Field(
+        False, description="Let the sandbox reach the orchestrator's recording proxy (and, "
+        "with block_network, nothing else): execs get OPENAI_BASE_URL pointing at it under "
+        "this sandbox's session. Needs `session` and a server started with --model-proxy.")
+
+    @model_validator(mode="after")
+    def _proxy_needs_session(self) -> CreateSandboxRequest:
+        if self.model_proxy and self.session is None:
+            raise ValueError("model_proxy needs a session id: the proxy records the model "
+                             "calls under it; set 'session'")
+        return self
 
     @field_validator("labels")
     @classmethod
@@ -95,6 +111,10 @@ class SandboxInfo(BaseModel):
     backend: str = "local"
     exclusive_exec: bool = False
     replica: str | None = Field(None, description="The orchestrator replica that launched it.")
+    session: str | None = None
+    model_base_url: str | None = Field(
+        None, description="The recording proxy's OpenAI base URL as seen from inside the "
+        "sandbox (also in every exec's OPENAI_BASE_URL); set when model_proxy was asked for.")
 
 
 class SandboxList(BaseModel):
@@ -272,3 +292,34 @@ class StreamEvent(BaseModel):
     type: Literal["stdout", "stderr", "exit"]
     data_b64: str | None = None
     job: Job | None = None
+
+
+class EventKind(StrEnum):
+    created = "created"
+    ready = "ready"
+    failed = "failed"
+    exec = "exec"
+    process = "process"
+    file_write = "file_write"
+    mkdir = "mkdir"
+    remove = "remove"
+    patch = "patch"
+    deleted = "deleted"
+
+
+class SandboxEvent(BaseModel):
+    """One thing the orchestrator did to a sandbox, with enough detail to redo it: the
+    sandbox side of a rollout's trace. ``data`` per kind is listed in docs/guides/traces.md."""
+
+    seq: int = Field(0, description="Order across all sandboxes; assigned by the store.")
+    sandbox_id: str
+    time: float = Field(description="Unix time the action started.")
+    kind: EventKind
+    session: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventList(BaseModel):
+    events: list[SandboxEvent]
+    next_after: int = Field(description="Pass back as `after` to read on from here.")

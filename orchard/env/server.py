@@ -28,11 +28,12 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
     if settings.backend == "local":
         from orchard.env.backends.local.backend import LocalBackend
 
-        return LocalBackend(settings.data_dir / "local", die_with_orchestrator=embedded)
+        return LocalBackend(settings.data_dir / "local", die_with_orchestrator=embedded,
+                            model_proxy=settings.model_proxy)
     if settings.backend == "kubernetes":
         from orchard.env.backends.kubernetes import KubernetesBackend
 
-        return KubernetesBackend(settings.kubernetes)
+        return KubernetesBackend(settings.kubernetes, model_proxy=settings.model_proxy)
     raise ValueError(f"unknown backend {settings.backend!r}; choose local or kubernetes")
 
 

@@ -20,13 +20,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchard.env.agent.client import AgentClient, AgentError, AgentUnreachable
-from orchard.env.backends.base import Backend, BackendError, SandboxSpec
+from orchard.env.backends.base import Backend, BackendError, SandboxSpec, SpecRejected
 from orchard.env.config import Settings
 from orchard.env.errors import BadRequest, Conflict, NotFound, Overloaded, WaitTimedOut
+from orchard.env.events import EventLog
 from orchard.env.metrics import Metrics
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.schema import (
     CreateSandboxRequest,
+    EventKind,
+    EventList,
     ExecRequest,
     Job,
     JobAccepted,
@@ -76,6 +79,7 @@ class SandboxService:
         self.store = store
         self.settings = settings
         self.metrics = metrics or Metrics()
+        self.events = EventLog(store, self.metrics, settings.event_content_bytes)
         self.replica = replica_id()
         # Live records as of the last reconcile plus this replica's own changes since: the
         # admission count reads it (approximate across replicas by one reconcile interval).
@@ -135,13 +139,19 @@ class SandboxService:
         return rec
 
     async def _fail(self, sid: str, reason: str, only_if: SandboxStatus | None = None) -> None:
+        changed = False
+
         def change(rec: SandboxInfo) -> bool:
+            nonlocal changed
             if rec.status not in LIVE or only_if is not None and rec.status != only_if:
                 return False
             rec.status, rec.error = SandboxStatus.failed, reason
+            changed = True
             return True
 
         rec = await self._update(sid, change)
+        if changed and rec is not None:
+            await self.events.record(rec, EventKind.failed, reason=reason)
         if rec is not None and rec.status == SandboxStatus.failed:
             log.warning("sandbox %s failed: %s", sid, reason)
             self._start_teardown(sid)
@@ -153,9 +163,13 @@ class SandboxService:
 
     async def create(self, req: CreateSandboxRequest) -> SandboxInfo:
         sid = req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}"
+        env, model_base_url = req.env, None
+        if req.model_proxy:
+            model_base_url = self._model_base_url(req.session or "")
+            env = {**model_env(model_base_url, req.session or ""), **req.env}
         spec = SandboxSpec(sandbox_id=sid, image=req.image, block_network=req.block_network,
-                           cpu=req.cpu, memory=req.memory, pids=req.pids, env=req.env,
-                           labels=req.labels)
+                           cpu=req.cpu, memory=req.memory, pids=req.pids, env=env,
+                           labels=req.labels, model_proxy=req.model_proxy)
         try:
             self.backend.check(spec)
             cpu = parse_cpu(req.cpu) if req.cpu is not None else None
@@ -179,6 +193,7 @@ class SandboxService:
             labels=req.labels, created_at=_utc(now),
             expires_at=_utc(now + (req.timeout or self.settings.default_ttl)),
             backend=self.backend.name, exclusive_exec=req.exclusive_exec, replica=self.replica,
+            session=req.session, model_base_url=model_base_url,
         )
         async with self.store.lock(f"record:{sid}", ttl=15, timeout=30):
             existing = await self.store.get_sandbox(sid)
@@ -187,6 +202,10 @@ class SandboxService:
                                "choose another sandbox_id or delete it first")
             await self.store.put_sandbox(rec)
         self._live[sid] = rec
+        await self.events.record(rec, EventKind.created, now, image=req.image,
+                                 block_network=req.block_network, cpu=req.cpu,
+                                 memory=req.memory, pids=req.pids, env=req.env,
+                                 model_proxy=req.model_proxy, timeout=req.timeout)
         self.creates_in_flight += 1
         self._launches[sid] = asyncio.create_task(self._launch(spec))
         return rec
@@ -210,6 +229,9 @@ class SandboxService:
         self.metrics.creates.labels("ok").inc()
         self._agents[sid] = AgentClient(handle.address, token=handle.token)
         rec = await self._update(sid, _became_ready(handle.limits))
+        if rec is not None and rec.status == SandboxStatus.running:
+            await self.events.record(rec, EventKind.ready,
+                                     create_ms=round((time.perf_counter() - t0) * 1000, 3))
         if rec is None or rec.status != SandboxStatus.running:
             # Deleted (or failed) while it started, perhaps through another replica.
             self._start_teardown(sid)
@@ -244,17 +266,23 @@ class SandboxService:
         return rec
 
     async def delete(self, sid: str, reason: str = "deleted by request") -> None:
+        changed = False
+
         def change(rec: SandboxInfo) -> bool:
+            nonlocal changed
             if rec.status == SandboxStatus.deleted:
                 return False
             rec.status = SandboxStatus.deleted
             if reason != "deleted by request":
                 rec.error = reason
+            changed = True
             return True
 
         rec = await self._update(sid, change)
         if rec is None:
             raise NotFound(f"no sandbox {sid!r}; nothing to delete")
+        if changed:
+            await self.events.record(rec, EventKind.deleted, reason=reason)
         self._start_teardown(sid)
 
     def _start_teardown(self, sid: str) -> None:
@@ -351,6 +379,7 @@ class SandboxService:
                 await self.store.put_job(job)
                 await self.store.publish(f"job:{job.job_id}")
         await self.store.prune(now - self.settings.retention)
+        await self.store.prune_events(now - self.settings.event_retention)
 
     async def _adopt_pending(self, sid: str) -> None:
         handle = await self.backend.adopt(sid)
@@ -364,7 +393,7 @@ class SandboxService:
 
     # --- exec -------------------------------------------------------------------------------
 
-    async def _running(self, sid: str) -> tuple[SandboxInfo, AgentClient]:
+    async def running(self, sid: str) -> tuple[SandboxInfo, AgentClient]:
         rec = await self.store.get_sandbox(sid)
         if rec is None or rec.status == SandboxStatus.deleted:
             raise NotFound(f"no sandbox {sid!r}; list them with GET /sandboxes")
@@ -383,7 +412,38 @@ class SandboxService:
         return rec, agent
 
     async def agent(self, sid: str) -> AgentClient:
-        return (await self._running(sid))[1]
+        return (await self.running(sid))[1]
+
+    def _model_base_url(self, session: str) -> str:
+        if self.settings.model_proxy is None:
+            raise BadRequest("this orchestrator has no recording proxy for model_proxy "
+                             "sandboxes: start it with --model-proxy URL (see "
+                             "docs/guides/harnesses.md)")
+        try:
+            return self.backend.model_base_url(session)
+        except SpecRejected as e:
+            raise BadRequest(str(e)) from None
+
+    async def list_events(self, *, sandbox_id: str | None = None, session: str | None = None,
+                          labels: dict[str, str] | None = None, after: int = 0,
+                          limit: int = 1000) -> EventList:
+        want = (labels or {}).items()
+        events, seen = [], after
+        # Labels are not indexed: filter whole pages until this one is full or the log ends.
+        while len(events) < limit:
+            page = await self.store.events(sandbox_id=sandbox_id, session=session, after=seen,
+                                           limit=limit)
+            if not page:
+                break
+            for event in page:
+                seen = event.seq
+                if want <= event.labels.items():
+                    events.append(event)
+                    if len(events) == limit:
+                        break
+            if not want:
+                break
+        return EventList(events=events, next_after=seen)
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, rec: SandboxInfo, wait: float) -> AsyncIterator[int | None]:
@@ -439,13 +499,14 @@ class SandboxService:
 
     async def _run_job(self, rec: SandboxInfo, agent: AgentClient, job: Job,
                        req: ExecRequest) -> Job:
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         try:
             async with self._exclusive(rec, self._lock_wait(req)) as fence:
                 result = await agent.exec(self._agent_request(req), fence)
         except AgentError as e:
             job.status, job.error, job.completed_at = JobStatus.failed, e.detail, _utc()
             self.metrics.execs.labels("error").inc()
+            await self.events.exec(rec, req, job, started)
             if isinstance(e, AgentUnreachable):
                 raise Conflict(f"sandbox {job.sandbox_id} is not reachable ({e.detail}); it may "
                                "have crashed: check GET /sandboxes/{id} and recreate it") from None
@@ -453,10 +514,12 @@ class SandboxService:
         finally:
             self.metrics.exec_seconds.observe(time.perf_counter() - t0)
         self.metrics.execs.labels("timeout" if result.get("timed_out") else "ok").inc()
-        return self._finish(job, result)
+        self._finish(job, result)
+        await self.events.exec(rec, req, job, started)
+        return job
 
     async def exec(self, sid: str, req: ExecRequest) -> Job | JobAccepted | ProcessInfo:
-        rec, agent = await self._running(sid)
+        rec, agent = await self.running(sid)
         if req.background:
             try:
                 info = await agent.start_process(self._agent_request(req))
@@ -465,6 +528,10 @@ class SandboxService:
                                "crashed: check GET /sandboxes/{id} and recreate it") from None
             except AgentError as e:
                 raise BadRequest(e.detail) from None
+            await self.events.record(
+                rec, EventKind.process, info["started_at"], process_id=info["process_id"],
+                command=req.command, argv=req.argv, cwd=req.cwd, env=req.env,
+                login_shell=req.login_shell)
             return ProcessInfo(sandbox_id=sid, **{**info, "started_at": _utc(info["started_at"])})
         job = self._new_job(sid, req)
         if req.wait:
@@ -489,22 +556,25 @@ class SandboxService:
         await self._record_job(job)
 
     async def exec_stream(self, sid: str, req: ExecRequest) -> AsyncIterator[bytes]:
-        rec, agent = await self._running(sid)
+        rec, agent = await self.running(sid)
         job = self._new_job(sid, req)
 
         async def events() -> AsyncIterator[bytes]:
+            started = time.time()
             try:
                 async with self._exclusive(rec, self._lock_wait(req)) as fence:
                     async for event in agent.exec_stream(self._agent_request(req), fence):
                         if event["type"] == "exit":
                             self._finish(job, event["result"])
                             await self.store.put_job(job)
+                            await self.events.exec(rec, req, job, started)
                             yield _exit_line(job)
                         else:
                             yield json.dumps(event).encode() + b"\n"
             except (AgentError, Overloaded) as e:
                 job.status, job.error = JobStatus.failed, e.detail
                 await self.store.put_job(job)
+                await self.events.exec(rec, req, job, started)
                 yield _exit_line(job)
 
         return events()
@@ -526,3 +596,10 @@ class SandboxService:
                 await changed.wait(left)
                 job = await self.get_job(job_id)
         return job
+
+
+def model_env(base_url: str, session: str) -> dict[str, str]:
+    """What a harness in a model_proxy sandbox finds in its environment. The key is a
+    placeholder many clients insist on; the proxy decides what goes upstream (--api-key)."""
+    return {"OPENAI_BASE_URL": base_url, "OPENAI_API_BASE": base_url,
+            "OPENAI_API_KEY": "orchard-proxy", "ORCHARD_SESSION": session}

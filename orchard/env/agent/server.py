@@ -875,13 +875,62 @@ def _set_winsize(fd, cols, rows):
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
+def _pipe(src, dst):
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def _forward(conn, target):
+    """Relay one TCP connection to the Unix socket target, both ways, until both sides end."""
+    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        up.connect(target)
+    except OSError as e:
+        body = json.dumps({"error": {
+            "message": f"the model endpoint relay {target} is not answering ({e}); the "
+                       "orchestrator serving this sandbox may have restarted: retry shortly",
+            "type": "orchard_relay_error", "code": 502}}).encode()
+        with contextlib.suppress(OSError):
+            conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\n"
+                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        conn.close()
+        up.close()
+        return
+    back = threading.Thread(target=_pipe, args=(up, conn), daemon=True)
+    back.start()
+    _pipe(conn, up)
+    back.join()
+    conn.close()
+    up.close()
+
+
 def main(argv):
     unix = tcp = token_file = token_env = None
     ready_fd = None
+    forwards = {}  # listening socket -> Unix socket path it relays to
     args = iter(argv)
     for a in args:
         if a == "--unix":
             unix = next(args)
+        elif a == "--forward":
+            # HOST:PORT=PATH: the sandbox's way out to one service (the recording proxy), for
+            # sandboxes whose network namespace has nothing but loopback.
+            listen, _, target = next(args).partition("=")
+            host, _, port = listen.rpartition(":")
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, int(port)))
+            s.listen(128)
+            forwards[s] = target
         elif a == "--tcp":
             tcp = next(args)
         elif a == "--token-file":
@@ -924,7 +973,7 @@ def main(argv):
         os.write(ready_fd, b"ready\n")
         os.close(ready_fd)
     sel = selectors.DefaultSelector()
-    for s in socks:
+    for s in [*socks, *forwards]:
         sel.register(s, selectors.EVENT_READ)
     # Python runs signal handlers in the main thread only, and the kernel may hand SIGCHLD to
     # any thread: without a wakeup fd, the orphan reaper would wait for the next accept (never,
@@ -944,7 +993,11 @@ def main(argv):
             conn, _addr = key.fileobj.accept()
             if conn.family != socket.AF_UNIX:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=Conn(conn, token).serve, daemon=True).start()
+            if key.fileobj in forwards:
+                threading.Thread(target=_forward, args=(conn, forwards[key.fileobj]),
+                                 daemon=True).start()
+            else:
+                threading.Thread(target=Conn(conn, token).serve, daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     agent_token: str | None = None  # when set, the agent refuses requests without it
+    model_proxy: bool = False  # let it reach the recording proxy (see Backend.model_base_url)
 
 
 class SpecRejected(ValueError):
@@ -69,6 +70,11 @@ class Backend(Protocol):
     async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
         """The handle of a live, ready sandbox (one this process did not create, e.g. after a
         restart or on another replica), or None if it is not alive and ready."""
+        ...
+
+    def model_base_url(self, session: str) -> str:
+        """The recording proxy's OpenAI base URL for session as a model_proxy sandbox reaches
+        it; raise SpecRejected when this backend has no proxy configured."""
         ...
 
     def describe(self) -> dict[str, str]:

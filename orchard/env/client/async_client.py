@@ -121,6 +121,8 @@ class AsyncSandboxClient(BaseClient):
         timeout: float | None = None,
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
+        session: str | None = None,
+        model_proxy: bool = False,
         wait: bool = True,
         wait_timeout: float = 120.0,
     ) -> AsyncSandbox:
@@ -128,7 +130,7 @@ class AsyncSandboxClient(BaseClient):
         request = schema.CreateSandboxRequest(
             image=image, block_network=block_network, sandbox_id=sandbox_id, cpu=cpu,
             memory=memory, pids=pids, timeout=timeout, labels=dict(labels or {}),
-            env=dict(env or {}),
+            env=dict(env or {}), session=session, model_proxy=model_proxy,
         )  # fmt: skip
         sandbox = AsyncSandbox(self, await self._call(API.create_sandbox(request)))
         self._remember(sandbox.id)
@@ -148,6 +150,25 @@ class AsyncSandboxClient(BaseClient):
     ) -> list[schema.SandboxInfo]:
         """All sandboxes, or those carrying every one of ``labels``."""
         return (await self._call(API.list_sandboxes(labels))).sandboxes
+
+    async def events(
+        self,
+        *,
+        session: str | None = None,
+        sandbox_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        after: int = 0,
+        page_size: int = 1000,
+    ) -> list[schema.SandboxEvent]:
+        """Every event (after seq ``after``) of a session, a sandbox and/or with ``labels``,
+        oldest first: the sandbox side of a rollout's trace. Deleted sandboxes' too."""
+        out: list[schema.SandboxEvent] = []
+        while True:
+            page = await self._call(API.events(session, sandbox_id, labels, after, page_size))
+            out += page.events
+            if len(page.events) < page_size:
+                return out
+            after = page.next_after
 
     async def delete_sandbox(self, sandbox_id: str) -> schema.DeleteResponse:
         result = await self._call(API.delete_sandbox(sandbox_id))

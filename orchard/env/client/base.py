@@ -338,6 +338,17 @@ class API:
         return Call("GET", "/sandboxes", _model(schema.SandboxList), params=params)
 
     @staticmethod
+    def events(session: str | None, sandbox_id: str | None, labels: Mapping[str, str] | None,
+               after: int, limit: int) -> Call[schema.EventList]:
+        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        params += [("after", str(after)), ("limit", str(limit))]
+        if session is not None:
+            params.append(("session", session))
+        if sandbox_id is not None:
+            params.append(("sandbox_id", sandbox_id))
+        return Call("GET", "/events", _model(schema.EventList), params=params)
+
+    @staticmethod
     def get_sandbox(sandbox_id: str) -> Call[schema.SandboxInfo]:
         return Call("GET", f"/sandboxes/{_seg(sandbox_id)}", _model(schema.SandboxInfo))
 

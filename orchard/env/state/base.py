@@ -12,7 +12,7 @@ import asyncio
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
-from orchard.env.schema import Job, SandboxInfo
+from orchard.env.schema import Job, SandboxEvent, SandboxInfo
 
 
 class LockTimeout(TimeoutError):
@@ -71,6 +71,20 @@ class StateStore(Protocol):
 
     async def prune(self, older_than: float) -> int:
         """Forget deleted sandboxes and finished jobs older than this Unix time."""
+        ...
+
+    async def append_event(self, event: SandboxEvent) -> SandboxEvent:
+        """Append to the event log; returns the event with its seq, which orders events
+        across all sandboxes and replicas."""
+        ...
+
+    async def events(self, *, sandbox_id: str | None = None, session: str | None = None,
+                     after: int = 0, limit: int = 1000) -> list[SandboxEvent]:
+        """Events with seq > after, in seq order, of one sandbox and/or one session."""
+        ...
+
+    async def prune_events(self, older_than: float) -> int:
+        """Forget events that happened before this Unix time."""
         ...
 
     # --- coordination -------------------------------------------------------------------

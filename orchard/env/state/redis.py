@@ -14,6 +14,12 @@ deployments, or several tests, can share one server. Layout under prefix P:
     P:fence:NAME           int   last fencing token handed out for lock NAME
     P:ch:CHANNEL           pub/sub channel behind publish/subscribe
     P:unlocked:NAME        pub/sub channel announcing that lock NAME was released
+    P:events               hash  seq -> SandboxEvent JSON
+    P:events:seq           int   last seq handed out
+    P:events:time          zset  seq scored by event time (what prune_events may drop)
+    P:events:order         zset  seq scored by seq (all events, in order)
+    P:events:sb:ID         zset  seq scored by seq, one sandbox's events
+    P:events:ses:SESSION   zset  seq scored by seq, one session's events
 
 All subscriptions of a store share one pub/sub connection, read by one dispatcher task, so a
 replica with a thousand waiters holds two connections, not a thousand.
@@ -38,7 +44,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from orchard.env.schema import Job, JobStatus, SandboxInfo, SandboxStatus
+from orchard.env.schema import Job, JobStatus, SandboxEvent, SandboxInfo, SandboxStatus
 from orchard.env.state.base import EventSubscription, LockLost, LockTimeout, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -85,6 +91,34 @@ return n
 
 # Idempotent, because the client retries commands whose reply was lost: an acquirer whose
 # SET went through must find the lock its own on the retry, not wait for itself to expire.
+# Atomic, so no reader sees seq N before seq N-1 is stored. ARGV[1] is the event's JSON with
+# its leading '{"seq":0' cut off; the seq is spliced in, which keeps the body byte-identical.
+_APPEND_EVENT = """
+local seq = redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[2], seq, '{"seq":' .. seq .. ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], seq)
+for i = 4, #KEYS do redis.call('ZADD', KEYS[i], seq, seq) end
+return seq
+"""
+
+_PRUNE_EVENTS = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1])
+for _, seq in ipairs(ids) do
+    local body = redis.call('HGET', KEYS[1], seq)
+    if body then
+        local event = cjson.decode(body)
+        redis.call('ZREM', ARGV[2] .. ':sb:' .. event.sandbox_id, seq)
+        if type(event.session) == 'string' then
+            redis.call('ZREM', ARGV[2] .. ':ses:' .. event.session, seq)
+        end
+    end
+    redis.call('HDEL', KEYS[1], seq)
+    redis.call('ZREM', KEYS[2], seq)
+    redis.call('ZREM', KEYS[3], seq)
+end
+return #ids
+"""
+
 _ACQUIRE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return {1, tonumber(redis.call('GET', KEYS[2]))}
@@ -338,6 +372,8 @@ class RedisStore:
         self._renew_script = self._redis.register_script(_RENEW)
         self._release_script = self._redis.register_script(_RELEASE)
         self._prune_script = self._redis.register_script(_PRUNE)
+        self._append_event_script = self._redis.register_script(_APPEND_EVENT)
+        self._prune_events_script = self._redis.register_script(_PRUNE_EVENTS)
         self._beat_script = self._redis.register_script(_BEAT)
         self._live_script = self._redis.register_script(_LIVE)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -447,6 +483,50 @@ class RedisStore:
             self._k("jobs", "finished"),
         ]
         return int(await self._call(self._prune_script, keys=keys, args=[repr(older_than)]))
+
+    # --- the event log ------------------------------------------------------------------
+
+    async def append_event(self, event: SandboxEvent) -> SandboxEvent:
+        body = event.model_copy(update={"seq": 0}).model_dump_json()
+        head = '{"seq":0'
+        assert body.startswith(head), "SandboxEvent.seq must stay its first field"
+        keys = [self._k("events", "seq"), self._k("events"), self._k("events", "time"),
+                self._k("events", "order"), self._k("events", "sb", event.sandbox_id)]
+        if event.session is not None:
+            keys.append(self._k("events", "ses", event.session))
+        seq = await self._call(self._append_event_script, keys=keys,
+                               args=[body[len(head):], repr(event.time)])
+        return event.model_copy(update={"seq": int(seq)})
+
+    async def events(self, *, sandbox_id: str | None = None, session: str | None = None,
+                     after: int = 0, limit: int = 1000) -> list[SandboxEvent]:
+        # Either index narrows the search; the other condition is checked on the bodies.
+        if sandbox_id is not None:
+            index = self._k("events", "sb", sandbox_id)
+        elif session is not None:
+            index = self._k("events", "ses", session)
+        else:
+            index = self._k("events", "order")
+        out: list[SandboxEvent] = []
+        while len(out) < limit:
+            seqs = await self._call(self._redis.zrangebyscore, index, f"({after}", "+inf",
+                                    start=0, num=limit)
+            if not seqs:
+                break
+            rows = await self._call(self._redis.hmget, self._k("events"), seqs)
+            for row in rows:
+                if row is None:  # pruned between the two reads
+                    continue
+                event = SandboxEvent.model_validate_json(row)
+                if session is None or event.session == session:
+                    out.append(event)
+            after = int(seqs[-1])
+        return out[:limit]
+
+    async def prune_events(self, older_than: float) -> int:
+        keys = [self._k("events"), self._k("events", "time"), self._k("events", "order")]
+        return int(await self._call(self._prune_events_script, keys=keys,
+                                    args=[repr(older_than), self._k("events")]))
 
     # --- publish / subscribe ------------------------------------------------------------
 

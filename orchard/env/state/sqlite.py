@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from orchard.env.schema import Job, SandboxInfo
+from orchard.env.schema import Job, SandboxEvent, SandboxInfo
 from orchard.env.state.base import EventSubscription, LockTimeout
 
 _SCHEMA = """
@@ -31,6 +31,12 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_updated ON jobs(updated);
 CREATE TABLE IF NOT EXISTS fences (name TEXT PRIMARY KEY, token INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS replicas (replica TEXT PRIMARY KEY, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, sandbox_id TEXT NOT NULL, session TEXT,
+    time REAL NOT NULL, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, seq);
+CREATE INDEX IF NOT EXISTS events_session ON events(session, seq);
+CREATE INDEX IF NOT EXISTS events_time ON events(time);
 """
 
 
@@ -105,6 +111,33 @@ class SqliteStore:
             (older_than,),
         ).rowcount
         return n
+
+    async def append_event(self, event: SandboxEvent) -> SandboxEvent:
+        # The row id is the seq, but the stored body must carry it too: insert, then fill in.
+        cur = self._db.execute(
+            "INSERT INTO events (sandbox_id, session, time, data) VALUES (?, ?, ?, '')",
+            (event.sandbox_id, event.session, event.time))
+        event = event.model_copy(update={"seq": cur.lastrowid})
+        self._db.execute("UPDATE events SET data = ? WHERE seq = ?",
+                         (event.model_dump_json(), event.seq))
+        return event
+
+    async def events(self, *, sandbox_id: str | None = None, session: str | None = None,
+                     after: int = 0, limit: int = 1000) -> list[SandboxEvent]:
+        where, args = ["seq > ?"], [after]
+        if sandbox_id is not None:
+            where.append("sandbox_id = ?")
+            args.append(sandbox_id)
+        if session is not None:
+            where.append("session = ?")
+            args.append(session)
+        rows = self._db.execute(
+            f"SELECT data FROM events WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
+            (*args, limit)).fetchall()
+        return [SandboxEvent.model_validate_json(r[0]) for r in rows]
+
+    async def prune_events(self, older_than: float) -> int:
+        return self._db.execute("DELETE FROM events WHERE time < ?", (older_than,)).rowcount
 
     # --- coordination -------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import uuid
+from typing import Any
 
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, NetworkingV1Api
@@ -25,13 +26,13 @@ from orchard.env.backends.kubernetes.calls import ApiCaller, not_found
 from orchard.env.backends.kubernetes.config import KubernetesConfig
 from orchard.env.backends.kubernetes.informer import NotSynced, Pod, PodInformer
 from orchard.env.backends.kubernetes.manifests import (
-    DENY_EGRESS,
     MANAGED_BY,
     NETWORK,
     NONCE,
     allow_egress_name,
     allow_egress_policy,
     deny_egress_policy,
+    model_egress_policy,
     pod_manifest,
 )
 from orchard.env.schema import LimitReport
@@ -77,8 +78,9 @@ def pod_problem(pod: Pod | None) -> str | None:
 class KubernetesBackend:
     name = "kubernetes"
 
-    def __init__(self, config: KubernetesConfig) -> None:
+    def __init__(self, config: KubernetesConfig, model_proxy: str | None = None) -> None:
         self.config = config
+        self.model_proxy = model_proxy.rstrip("/") if model_proxy else None
         secret = config.agent_secret or os.environ.get("ORCHARD_AGENT_SECRET")
         if not secret:
             log.warning("no ORCHARD_AGENT_SECRET: agent tokens are random to this replica, so "
@@ -122,16 +124,28 @@ class KubernetesBackend:
                                "namespace and the RBAC (deploy/kubernetes)") from None
 
     async def _ensure_deny_egress(self) -> None:
-        ns = self.config.namespace
+        await self._ensure_policy(deny_egress_policy(self.config))
+        if self.model_proxy:
+            await self._ensure_policy(model_egress_policy(self.config))
+
+    async def _ensure_policy(self, policy: dict[str, Any]) -> None:
+        ns, name = self.config.namespace, policy["metadata"]["name"]
         try:
             await self.api("get_policy", lambda: self.net.read_namespaced_network_policy(
-                DENY_EGRESS, ns, _preload_content=False))
+                name, ns, _preload_content=False))
         except ApiException as e:
             if not not_found(e):
                 raise
             with contextlib.suppress(ApiException):  # another replica may win the race
                 await self.api("create_policy", lambda: self.net.create_namespaced_network_policy(
-                    ns, deny_egress_policy(self.config), _preload_content=False))
+                    ns, policy, _preload_content=False))
+
+    def model_base_url(self, session: str) -> str:
+        if self.model_proxy is None:
+            raise SpecRejected("this orchestrator has no recording proxy: set model_proxy to "
+                               "the proxy Service's URL, e.g. http://orchard-proxy.orchard-system"
+                               ".svc:8080 (deploy/kubernetes/base/proxy.yaml)")
+        return f"{self.model_proxy}/s/{session}/v1"
 
     async def close(self) -> None:
         if self._informer_task is not None:

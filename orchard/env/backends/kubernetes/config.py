@@ -31,6 +31,14 @@ class KubernetesConfig(BaseModel):
     add_capabilities: list[str] = Field(
         default_factory=list, description="Added back after dropping ALL (e.g. CHOWN).")
     egress_cidr: str = Field("0.0.0.0/0", description="Where block_network=false pods may go.")
+    model_proxy_namespace: str = Field(
+        "orchard-system", description="Namespace of the recording proxy's pods, which "
+        "model_proxy sandboxes may reach (the orchestrator's model_proxy URL names its Service).")
+    model_proxy_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "orchard-proxy"},
+        description="Labels selecting the recording proxy's pods.")
+    model_proxy_port: int = Field(8080, ge=1, le=65535,
+                                  description="The proxy pods' container port.")
     agent_secret: str | None = Field(
         None, description="HMAC key deriving each sandbox's agent token; every replica needs "
         "the same one. Prefer the ORCHARD_AGENT_SECRET environment variable.")

@@ -20,6 +20,8 @@ NONCE = "orchard.dev/create-nonce"
 USER_LABELS = "orchard.dev/labels"
 TOKEN_ENV = "ORCHARD_AGENT_TOKEN"
 DENY_EGRESS = "orchard-deny-egress"
+MODEL_PROXY = "orchard.dev/model-proxy"
+MODEL_EGRESS = "orchard-allow-model-proxy"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _INJECTOR_MOUNT = "/target"
@@ -62,7 +64,8 @@ def pod_manifest(spec: SandboxSpec, config: KubernetesConfig, token: str,
             "name": sid,
             "namespace": config.namespace,
             "labels": {**config.labels, **_user_labels(spec.labels), **MANAGED_BY,
-                       SANDBOX_ID: sid, NETWORK: "blocked" if spec.block_network else "open"},
+                       SANDBOX_ID: sid, NETWORK: "blocked" if spec.block_network else "open",
+                       **({MODEL_PROXY: "true"} if spec.model_proxy else {})},
             "annotations": {**config.annotations, NONCE: nonce,
                             USER_LABELS: json.dumps(spec.labels, sort_keys=True)},
         },
@@ -138,4 +141,28 @@ def allow_egress_policy(sandbox_id: str, config: KubernetesConfig) -> dict[str, 
         "spec": {"podSelector": {"matchLabels": {SANDBOX_ID: sandbox_id}},
                  "policyTypes": ["Egress"],
                  "egress": [{"to": [{"ipBlock": {"cidr": config.egress_cidr}}]}]},
+    }
+
+
+def model_egress_policy(config: KubernetesConfig) -> dict[str, Any]:
+    """Created once when the orchestrator has a model proxy: model_proxy sandboxes may reach
+    the proxy's pods on its port, and cluster DNS to resolve its Service, and nothing else."""
+    def peer(namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": namespace}},
+                "podSelector": {"matchLabels": labels}}
+
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": MODEL_EGRESS, "namespace": config.namespace,
+                     "labels": dict(MANAGED_BY)},
+        "spec": {"podSelector": {"matchLabels": {MODEL_PROXY: "true"}},
+                 "policyTypes": ["Egress"],
+                 "egress": [
+                     {"to": [peer(config.model_proxy_namespace, config.model_proxy_pod_labels)],
+                      "ports": [{"protocol": "TCP", "port": config.model_proxy_port}]},
+                     {"to": [peer("kube-system", {"k8s-app": "kube-dns"})],
+                      "ports": [{"protocol": "UDP", "port": 53},
+                                {"protocol": "TCP", "port": 53}]}]},
     }

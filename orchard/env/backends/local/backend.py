@@ -17,6 +17,7 @@ snapshot/fork can freeze and reuse as a lower layer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
 from orchard.env.backends.local import zygote
@@ -36,6 +38,9 @@ from orchard.env.schema import LimitReport
 
 CTL_MOUNT = "/.orchard/ctl"
 SOCKET_NAME = "agent.sock"
+MODEL_SOCKET = "model.sock"
+# Where a model_proxy sandbox finds the recording proxy, on its own loopback.
+MODEL_PORT = 18080
 _MAX_UNIX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 USER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Host entries a "host" sandbox sees read-only; everything else (/root, /home, /tmp, /var, the
@@ -59,7 +64,7 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, data_dir: Path, ready_timeout: float = 30.0,
-                 die_with_orchestrator: bool = False) -> None:
+                 die_with_orchestrator: bool = False, model_proxy: str | None = None) -> None:
         if os.geteuid() != 0:
             raise BackendError(
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
@@ -72,6 +77,8 @@ class LocalBackend:
         if any(c in str(data_dir) for c in ",:"):
             raise BackendError(f"data dir {data_dir} must not contain ',' or ':' (overlayfs "
                                "option syntax); choose another --data-dir")
+        self.model_proxy = _proxy_address(model_proxy) if model_proxy else None
+        self._relays: dict[str, asyncio.Server] = {}
         self.data_dir = data_dir
         self.sandboxes_dir = data_dir / "sandboxes"
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
@@ -185,6 +192,9 @@ class LocalBackend:
                     env={"PATH": USER_PATH},
                 )
             self._launchers[spec.sandbox_id] = proc
+            if spec.model_proxy:
+                (sdir / "model-proxy").touch()  # so an adopting orchestrator re-opens the relay
+                await self._open_relay(spec.sandbox_id)
             holder = await self._await_holder(spec.sandbox_id, proc)
             await self._fork_agent(spec, holder)
         except BaseException:
@@ -268,6 +278,8 @@ class LocalBackend:
             "holder": holder, "env": self._agent_env(spec),
             "procs": [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)],
             "socket": f"{CTL_MOUNT}/{SOCKET_NAME}", "token": spec.agent_token,
+            "forward": (f"127.0.0.1:{MODEL_PORT}={CTL_MOUNT}/{MODEL_SOCKET}"
+                        if spec.model_proxy else None),
             "path": [f"{BUNDLE_MOUNT}/lib/{version}", f"{BUNDLE_MOUNT}/lib/{version}/lib-dynload"],
         }
         try:
@@ -287,7 +299,47 @@ class LocalBackend:
 
     # --- delete / list / adopt -------------------------------------------------------------
 
+    # --- the model relay -------------------------------------------------------------------
+
+    def model_base_url(self, session: str) -> str:
+        if self.model_proxy is None:
+            raise SpecRejected("this orchestrator has no recording proxy: start it with "
+                               "--model-proxy http://HOST:PORT")
+        return f"http://127.0.0.1:{MODEL_PORT}/s/{session}/v1"
+
+    async def _open_relay(self, sandbox_id: str) -> None:
+        """The host end of a model_proxy sandbox's only way out: a Unix socket in its control
+        dir (where its agent relays 127.0.0.1:MODEL_PORT) connected to the proxy and nowhere
+        else, so what the sandbox may reach is fixed here, not by anything inside it."""
+        path = self._dir(sandbox_id) / "ctl" / MODEL_SOCKET
+        path.unlink(missing_ok=True)
+        self._relays[sandbox_id] = await asyncio.start_unix_server(self._relay, path=str(path))
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self.model_proxy is not None
+        host, port = self.model_proxy
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, port)
+        except OSError as e:
+            body = json.dumps({"error": {
+                "message": f"the recording proxy at {host}:{port} is unreachable ({e}); start "
+                           "`orchard proxy` there or fix the orchestrator's --model-proxy",
+                "type": "orchard_proxy_unreachable", "code": 502}}).encode()
+            writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\n"
+                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            await _close(writer)
+            return
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            await _close(up_writer)
+            await _close(writer)
+
     async def delete(self, sandbox_id: str) -> None:
+        relay = self._relays.pop(sandbox_id, None)
+        if relay is not None:
+            relay.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._teardown_pool, self._delete_sync, sandbox_id)
 
@@ -322,13 +374,45 @@ class LocalBackend:
         # The agent itself must be alive: the holder alone keeps the cgroup populated.
         if not sock.exists() or agent not in self.cgroups.pids(sandbox_id):
             return None
+        if ((self._dir(sandbox_id) / "model-proxy").exists() and self.model_proxy
+                and sandbox_id not in self._relays):
+            await self._open_relay(sandbox_id)
         return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}")
 
     async def close(self) -> None:
+        for relay in self._relays.values():
+            relay.close()
+        self._relays.clear()
         self._teardown_pool.shutdown(wait=True)
         self.cgroups.remove_group()
         os.close(self._lifeline)
         await asyncio.to_thread(self._zygote.wait)
+
+
+def _proxy_address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.path.strip("/"):
+        raise BackendError(f"--model-proxy {url!r} must be http://HOST:PORT with no path: "
+                           "sandboxes reach it through a byte relay, so TLS and path "
+                           "prefixes cannot be added on the way")
+    return parts.hostname, parts.port or 80
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except OSError:
+        writer.close()  # the other side of a broken pair: end the whole connection
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
 
 
 def _children(pid: int) -> list[int]:

@@ -127,6 +127,8 @@ def _become_agent(req, seccomp, ready_w):
         os.environ.update(req["env"])
         sys.path[:] = req["path"]
         argv = ["--unix", req["socket"], "--ready-fd", str(ready_w)]
+        if req.get("forward"):
+            argv += ["--forward", req["forward"]]
         if req.get("token"):
             os.environ["ORCHARD_AGENT_TOKEN"] = req["token"]
             argv += ["--token-env", "ORCHARD_AGENT_TOKEN"]

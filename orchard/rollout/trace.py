@@ -1,0 +1,98 @@
+"""One trace per rollout: the harness's model calls (from the recording proxy) and what the
+orchestrator did to the rollout's sandboxes (its event log), joined on one timeline.
+
+The join key is the rollout id, which is both the proxy session id (``/s/<id>/v1``) and the
+``session`` a sandbox was created with. Both sides stamp wall-clock Unix time when an action
+started; the timeline orders by it (ties: model call first, since a harness acts on a reply).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+from orchard.env.client import SandboxClient
+from orchard.env.schema import EventKind, SandboxEvent
+from orchard.rollout.recorder import SessionStore, check_session
+
+
+class TraceStep(BaseModel):
+    time: float
+    source: Literal["model", "sandbox"]
+    index: int = Field(description="Into model_calls or sandbox_events.")
+    summary: str
+
+
+class Trace(BaseModel):
+    rollout_id: str
+    started_at: float | None = None
+    ended_at: float | None = None
+    model_calls: list[dict[str, Any]] = Field(
+        default_factory=list, description="As the proxy recorded them (GET /sessions/{id}).")
+    sandbox_events: list[SandboxEvent] = Field(default_factory=list)
+    timeline: list[TraceStep] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="The task, its reward, the harness: the caller's.")
+
+    def execs(self) -> list[SandboxEvent]:
+        return [e for e in self.sandbox_events if e.kind == EventKind.exec]
+
+
+def _call_summary(call: dict[str, Any]) -> str:
+    if call.get("error") is not None:
+        return f"model call {call.get('index')}: HTTP {call.get('status')} error"
+    choices = (call.get("response") or {}).get("choices") or [{}]
+    message = choices[0].get("message") or {}
+    tools = [tc["function"]["name"] for tc in message.get("tool_calls") or []]
+    said = f"{len(tools)} tool call(s): {', '.join(tools)}" if tools else "text reply"
+    return f"model call {call.get('index')}: {said}"
+
+
+def _event_summary(event: SandboxEvent) -> str:
+    d = event.data
+    if event.kind == EventKind.exec:
+        program = d.get("command") if d.get("command") is not None else json.dumps(d.get("argv"))
+        return f"{event.sandbox_id}: exec {program!r} -> {d.get('exit_code')}"
+    if event.kind in (EventKind.file_write, EventKind.mkdir, EventKind.remove):
+        return f"{event.sandbox_id}: {event.kind.value} {d.get('path')}"
+    if event.kind == EventKind.patch:
+        return f"{event.sandbox_id}: patch ({'applied' if d.get('success') else 'failed'})"
+    return f"{event.sandbox_id}: {event.kind.value}"
+
+
+def build_trace(rollout_id: str, calls: list[dict[str, Any]], events: list[SandboxEvent],
+                metadata: dict[str, Any] | None = None) -> Trace:
+    steps = [TraceStep(time=c.get("started_at") or 0.0, source="model", index=i,
+                       summary=_call_summary(c)) for i, c in enumerate(calls)]
+    steps += [TraceStep(time=e.time, source="sandbox", index=i, summary=_event_summary(e))
+              for i, e in enumerate(events)]
+    steps.sort(key=lambda s: (s.time, s.source != "model", s.index))
+    ends = [c.get("started_at", 0.0) + (c.get("latency_ms") or 0) / 1000 for c in calls]
+    ends += [e.time + (e.data.get("duration_ms") or 0) / 1000 for e in events]
+    return Trace(rollout_id=rollout_id, started_at=steps[0].time if steps else None,
+                 ended_at=max(ends) if ends else None, model_calls=calls,
+                 sandbox_events=events, timeline=steps, metadata=metadata or {})
+
+
+def model_calls(rollout_id: str, proxy: str | Path) -> list[dict[str, Any]]:
+    """A session's recorded calls, from a running proxy (its URL) or its store directory."""
+    check_session(rollout_id)
+    if isinstance(proxy, Path):
+        return SessionStore(proxy).read(rollout_id) or []
+    r = httpx.get(f"{proxy.rstrip('/')}/sessions/{rollout_id}", timeout=60)
+    if r.status_code == 404:
+        return []
+    r.raise_for_status()
+    return list(r.json()["calls"])
+
+
+def collect_trace(rollout_id: str, client: SandboxClient, proxy: str | Path | None,
+                  metadata: dict[str, Any] | None = None) -> Trace:
+    """The rollout's trace as it stands: call it after the rollout ended (its sandboxes may be
+    deleted already; their events stay for the orchestrator's event retention)."""
+    calls = model_calls(rollout_id, proxy) if proxy is not None else []
+    return build_trace(rollout_id, calls, client.events(session=rollout_id), metadata)
