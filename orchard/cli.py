@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import json
 import os
 import re
 import select
@@ -12,10 +13,10 @@ import tempfile
 import termios
 import threading
 import tty
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, ParamSpec, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -24,6 +25,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from orchard.env.client import OrchardError, PtySession, SandboxClient
+
+if TYPE_CHECKING:
+    from orchard.rollout.trace import Trace
 
 app = typer.Typer(no_args_is_help=True, help="Orchard: sandboxes for agents.")
 sandbox_app = typer.Typer(no_args_is_help=True, help="Create, use and delete sandboxes.")
@@ -112,6 +116,11 @@ def serve(
     max_sandboxes: int | None = None,
     max_concurrent_creates: int | None = None,
     reconcile_interval: float | None = None,
+    model_proxy: Annotated[
+        str | None,
+        typer.Option(help="Recording proxy URL that model_proxy sandboxes may reach, e.g. "
+                     "http://127.0.0.1:8100 (`orchard proxy`).", envvar="ORCHARD_MODEL_PROXY"),
+    ] = None,
     log_level: str = "info",
 ) -> None:
     """Run the orchestrator."""
@@ -122,6 +131,7 @@ def serve(
         host=host, port=port, config=config, log_level=log_level, backend=backend,
         state=state, api_keys=api_key or None, data_dir=data_dir, max_sandboxes=max_sandboxes,
         max_concurrent_creates=max_concurrent_creates, reconcile_interval=reconcile_interval,
+        model_proxy=model_proxy,
     )
 
 
@@ -364,4 +374,270 @@ def rm(ctx: typer.Context, sandbox_ids: list[str]) -> None:
             else:
                 typer.echo(sandbox_id)
     if failed:
+        raise typer.Exit(1)
+
+
+# --- rollout: agent harnesses on Orchard sandboxes ------------------------------------------
+
+rollout_app = typer.Typer(no_args_is_help=True, help="Run agent harnesses in sandboxes.")
+app.add_typer(rollout_app, name="rollout")
+
+
+@rollout_app.command("mini-swe-agent")
+@_friendly_errors
+def rollout_mini_swe_agent(
+    ctx: typer.Context,
+    image: Annotated[str, typer.Option(help="'host', a rootfs dir or an image tarball.")],
+    model_url: Annotated[str, typer.Option(
+        help="OpenAI-compatible base URL, e.g. the recording proxy's http://HOST:PORT/s/ID/v1.")],
+    model: Annotated[str, typer.Option(help="Model name the server serves, sent as is.")],
+    task: Annotated[str | None, typer.Option(help="The task, as text.")] = None,
+    task_file: Annotated[Path | None, typer.Option(
+        help="Read the task from this file.", exists=True, dir_okay=False)] = None,
+    orchestrator: Annotated[str | None, typer.Option(
+        help="Orchestrator URL (default: --url / ORCHARD_URL; with neither, an embedded one "
+             "is started, which needs root and bubblewrap).", show_default=False)] = None,
+    session: Annotated[str | None, typer.Option(
+        help="Rollout id: the sandbox's session, and sent as X-Orchard-Session.")] = None,
+    output: Annotated[Path | None, typer.Option(
+        help="Write the full result (messages included) here as JSON.")] = None,
+    cwd: Annotated[str, typer.Option(help="Working directory in the sandbox.")] = "/workspace",
+    setup: Annotated[str | None, typer.Option(
+        help="Shell command run in the sandbox before the agent starts.")] = None,
+    eval_: Annotated[str | None, typer.Option(
+        "--eval", help="Shell command run in the sandbox after the agent ends.")] = None,
+    step_limit: Annotated[int, typer.Option(help="Max model calls (0: no limit).")] = 250,
+    token_ids: Annotated[bool, typer.Option(
+        help="Ask the server for token ids and log-probs (vLLM's return_token_ids).")] = True,
+    model_api_key: Annotated[str | None, typer.Option(
+        envvar="OPENAI_API_KEY", help="Model API key.", show_default=False)] = None,
+    config: Annotated[list[str] | None, typer.Option(
+        "--config", "-c", help="mini-swe-agent config override: a YAML file or KEY=VALUE, e.g. "
+                               "agent.step_limit=20 (repeatable).")] = None,
+) -> None:
+    """Run mini-swe-agent on a task: the agent runs here, its commands in a new sandbox."""
+    if (task is None) == (task_file is None):
+        raise typer.BadParameter("give exactly one of --task and --task-file")
+    if task is None:
+        assert task_file is not None
+        task = task_file.read_text()
+    # Heavy (litellm): only this command needs it.
+    from orchard.rollout.minisweagent import config_from_specs, run_task
+
+    # Only after that import, which keeps litellm's own import from going online.
+    litellm = sys.modules["litellm"]
+    litellm.suppress_debug_info = True  # its banners go to stdout, which carries the result
+    try:
+        overrides = config_from_specs(config or [])
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    url = orchestrator or ctx.obj.url
+    with contextlib.ExitStack() as stack:
+        api_key = ctx.obj.api_key
+        if url is None:
+            from orchard.env.server import EmbeddedOrchestrator
+
+            stderr.print("no --orchestrator or ORCHARD_URL: starting an embedded orchestrator")
+            data = Path(tempfile.mkdtemp(prefix="orchard-rollout-"))
+            stack.callback(shutil.rmtree, data, ignore_errors=True)
+            embedded = EmbeddedOrchestrator(data_dir=data)
+            url = stack.enter_context(embedded)
+            api_key = getattr(embedded, "api_key", None)
+        try:
+            result = run_task(
+                task, orchestrator_url=url, orchestrator_api_key=api_key, model_base_url=model_url,
+                model_name=model, image=image, model_api_key=model_api_key, session=session,
+                cwd=cwd, setup_command=setup, eval_command=eval_, step_limit=step_limit,
+                token_ids=token_ids, config_overrides=overrides)
+        except (OrchardError, ValidationError):
+            raise
+        except Exception as exc:  # the model, the set-up or the agent failed: one line
+            stderr.print(f"[red]error:[/] {escape(str(exc))} ({type(exc).__name__})")
+            raise typer.Exit(1) from None
+    if output is not None:
+        output.write_text(json.dumps(result, indent=2, default=str))
+    summary = {k: result[k] for k in ("exit_status", "n_steps", "sandbox_id", "session", "eval")}
+    typer.echo(json.dumps({**summary, "submission": result["submission"]}))
+    if result["exit_status"] != "Submitted":
+        stderr.print(f"the agent did not submit: {escape(str(result['exit_status']))}")
+        raise typer.Exit(1)
+
+
+# --- trace: a rollout's model calls and sandbox events, shown, exported, replayed -----------
+
+trace_app = typer.Typer(no_args_is_help=True,
+                        help="Rollout traces: show, export (JSONL, Parquet, SWE rows), replay.")
+app.add_typer(trace_app, name="trace")
+
+_TraceOrchestrator = Annotated[str | None, typer.Option(
+    "--orchestrator", help="Orchestrator URL (default: --url / ORCHARD_URL).",
+    show_default=False)]
+_TraceApiKey = Annotated[str | None, typer.Option(
+    "--api-key", envvar="ORCHARD_API_KEY", help="Orchestrator API key.", show_default=False)]
+_TraceProxy = Annotated[str | None, typer.Option(
+    "--proxy", help="The recording proxy: its URL (http://HOST:PORT) or its --store directory. "
+    "Without it the trace has no model calls.", show_default=False)]
+
+
+TraceFormat = Literal["jsonl", "parquet", "swe-jsonl"]
+
+
+def _trace_client(ctx: typer.Context, orchestrator: str | None,
+                  api_key: str | None) -> SandboxClient:
+    # cleanup_on_close=False: `replay --keep` hands its sandboxes to the user.
+    return SandboxClient(orchestrator or ctx.obj.url,
+                         api_key=api_key if api_key is not None else ctx.obj.api_key,
+                         cleanup_on_close=False)
+
+
+@contextlib.contextmanager
+def _trace_errors() -> Iterator[None]:
+    """A proxy that cannot be read, or a trace that cannot be used: one line, exit 1."""
+    import httpx
+
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        stderr.print(f"[red]error:[/] reading the recording proxy: {escape(str(exc))}; check "
+                     "--proxy (a URL of `orchard proxy`, or its --store directory)")
+        raise typer.Exit(1) from None
+    except ValueError as exc:
+        stderr.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+
+
+def _collect_trace(client: SandboxClient, rollout: str, proxy: str | None) -> "Trace":
+    from orchard.rollout.trace import collect_trace
+
+    source: str | Path | None = proxy
+    if proxy is not None and not re.match(r"^https?://", proxy):
+        source = Path(proxy)
+        if not source.is_dir():
+            raise typer.BadParameter(f"{proxy} is neither an http(s) URL nor a directory",
+                                     param_hint="--proxy")
+    trace = collect_trace(rollout, client, source)
+    if not trace.timeline:
+        stderr.print(f"[yellow]warning:[/] rollout {escape(rollout)}: no model calls and no "
+                     "sandbox events (is the id right? events are kept for the orchestrator's "
+                     "event_retention)")
+    return trace
+
+
+@trace_app.command("show")
+@_friendly_errors
+def trace_show(
+    ctx: typer.Context,
+    rollout: Annotated[str, typer.Argument(help="The rollout id (proxy session = sandbox "
+                                           "session).")],
+    orchestrator: _TraceOrchestrator = None,
+    proxy: _TraceProxy = None,
+    api_key: _TraceApiKey = None,
+) -> None:
+    """Print a rollout's timeline: model calls and sandbox actions in the order they began."""
+    with _trace_errors(), _trace_client(ctx, orchestrator, api_key) as client:
+        trace = _collect_trace(client, rollout, proxy)
+    table = Table(box=None, title=f"rollout {escape(rollout)}")
+    for column in ("T+S", "SOURCE", "SEQ", "WHAT"):
+        table.add_column(column, no_wrap=column != "WHAT")
+    start = trace.started_at or 0.0
+    for step in trace.timeline:
+        seq = str(trace.sandbox_events[step.index].seq) if step.source == "sandbox" else ""
+        table.add_row(f"{step.time - start:.3f}", step.source, seq, escape(step.summary))
+    console = Console()
+    console.print(table)
+    span = (trace.ended_at - start) if trace.ended_at is not None else 0.0
+    console.print(f"{len(trace.model_calls)} model call(s), {len(trace.sandbox_events)} "
+                  f"sandbox event(s) ({len(trace.execs())} exec(s)) over {span:.1f}s")
+
+
+@trace_app.command("export")
+@_friendly_errors
+def trace_export(
+    ctx: typer.Context,
+    rollouts: Annotated[list[str], typer.Argument(help="Rollout ids.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="File to write.")],
+    format_: Annotated[TraceFormat, typer.Option(
+        "--format", help="jsonl: one full trace per line (replayable); parquet / swe-jsonl: "
+        "Orchard SWE rows (tools, messages, metadata).")] = "jsonl",
+    orchestrator: _TraceOrchestrator = None,
+    proxy: _TraceProxy = None,
+    api_key: _TraceApiKey = None,
+) -> None:
+    """Export rollouts' traces to a file."""
+    from orchard.rollout import export
+
+    with _trace_errors(), _trace_client(ctx, orchestrator, api_key) as client:
+        if format_ == "jsonl":
+            # A generator: each trace is written as soon as it is collected.
+            n = export.write_jsonl((_collect_trace(client, r, proxy) for r in rollouts), output)
+        else:
+            traces = []
+            for rollout in rollouts:
+                trace = _collect_trace(client, rollout, proxy)
+                try:
+                    export.last_chat_call(trace)
+                except ValueError as exc:
+                    stderr.print(f"[yellow]warning:[/] skipped: {escape(str(exc))}")
+                    continue
+                traces.append(trace)
+            if not traces:
+                raise ValueError("no rollout had a conversation to export; nothing written")
+            write = (export.write_parquet if format_ == "parquet"
+                     else export.write_swe_jsonl)
+            n = write(traces, output)
+    what = "trace(s)" if format_ == "jsonl" else "row(s)"
+    stderr.print(f"{n} {what} -> {escape(str(output))}")
+
+
+@trace_app.command("replay")
+@_friendly_errors
+def trace_replay(
+    ctx: typer.Context,
+    trace_file: Annotated[Path, typer.Argument(
+        help="A JSONL file of traces (`orchard trace export --format jsonl`).", exists=True,
+        dir_okay=False)],
+    rollout: Annotated[str | None, typer.Option(
+        help="Replay only this rollout of the file (default: all of them).")] = None,
+    sandbox: Annotated[str | None, typer.Option(
+        help="Replay only this original sandbox's events.")] = None,
+    until: Annotated[int | None, typer.Option(help="Stop after the event with this seq.")] = None,
+    image: Annotated[str | None, typer.Option(
+        help="Use this image instead of the original's.")] = None,
+    keep: Annotated[bool, typer.Option(
+        help="Leave the replay's sandboxes running and print their ids.")] = False,
+    orchestrator: _TraceOrchestrator = None,
+    api_key: _TraceApiKey = None,
+) -> None:
+    """Redo rollouts' sandbox actions in fresh sandboxes; exit 1 if an outcome differs."""
+    from orchard.rollout.export import iter_jsonl
+    from orchard.rollout.replay import replay
+
+    diverged = False
+    found = False
+    console = Console()
+    with _trace_errors(), _trace_client(ctx, orchestrator, api_key) as client:
+        for trace in iter_jsonl(trace_file):
+            if rollout is not None and trace.rollout_id != rollout:
+                continue
+            found = True
+            report = replay(trace, client, image=image, sandbox_id=sandbox, until=until,
+                            keep=keep)
+            table = Table(box=None, title=f"replay of rollout {escape(trace.rollout_id)}")
+            for column in ("SEQ", "SANDBOX", "KIND", "RESULT", "DETAIL"):
+                table.add_column(column, no_wrap=column != "DETAIL")
+            colour = {"matched": "green", "diverged": "red", "skipped": "yellow"}
+            for step in report.steps:
+                table.add_row(str(step.seq), step.sandbox_id, step.kind.value,
+                              f"[{colour[step.status]}]{step.status}[/]", escape(step.detail))
+            console.print(table)
+            console.print(f"{report.matched} matched, {report.diverged} diverged, "
+                          f"{report.skipped} skipped")
+            if keep:
+                for original, new in report.sandbox_ids.items():
+                    console.print(f"kept {new} (replays {original})")
+            diverged = diverged or report.diverged > 0
+        if not found:
+            raise ValueError(f"{trace_file} has no trace" + (
+                f" of rollout {rollout!r}" if rollout is not None else ""))
+    if diverged:
         raise typer.Exit(1)

@@ -42,6 +42,7 @@ def exec_data(req: ExecRequest, job: Job, limit: int) -> dict[str, Any]:
     data: dict[str, Any] = {
         "job_id": job.job_id, "command": req.command, "argv": req.argv, "cwd": req.cwd,
         "env": req.env, "login_shell": req.login_shell, "timeout_seconds": req.timeout_seconds,
+        "max_output_bytes": req.max_output_bytes,
         "stdin": None if stdin is None else payload(stdin, limit),
         "exit_code": job.exit_code, "timed_out": job.timed_out, "error": job.error,
         "stdout": _output(job.stdout, job.stdout_b64, job.stdout_dropped),

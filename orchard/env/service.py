@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -541,10 +541,14 @@ class SandboxService:
                 await self.store.put_job(job)
             return job
         await self.store.put_job(job)
-        task = asyncio.create_task(self._background_job(rec, agent, job, req))
+        self._spawn(self._background_job(rec, agent, job, req))
+        return JobAccepted(job_id=job.job_id, status=job.status)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """A task that stop() waits for."""
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return JobAccepted(job_id=job.job_id, status=job.status)
 
     async def _background_job(self, rec: SandboxInfo, agent: AgentClient, job: Job,
                               req: ExecRequest) -> None:
@@ -560,13 +564,14 @@ class SandboxService:
         job = self._new_job(sid, req)
 
         async def events() -> AsyncIterator[bytes]:
-            started = time.time()
+            started, recorded = time.time(), False
             try:
                 async with self._exclusive(rec, self._lock_wait(req)) as fence:
                     async for event in agent.exec_stream(self._agent_request(req), fence):
                         if event["type"] == "exit":
                             self._finish(job, event["result"])
                             await self.store.put_job(job)
+                            recorded = True
                             await self.events.exec(rec, req, job, started)
                             yield _exit_line(job)
                         else:
@@ -574,8 +579,17 @@ class SandboxService:
             except (AgentError, Overloaded) as e:
                 job.status, job.error = JobStatus.failed, e.detail
                 await self.store.put_job(job)
+                recorded = True
                 await self.events.exec(rec, req, job, started)
                 yield _exit_line(job)
+            finally:
+                if not recorded:
+                    # The client hung up mid-stream; the command may have run on, changing
+                    # the sandbox: the trace must still show it was started. A task of its
+                    # own, since a closing generator cannot wait.
+                    job.error = "the client disconnected from the stream; the command may " \
+                                "have run on (its outcome is unknown)"
+                    self._spawn(self.events.exec(rec, req, job, started))
 
         return events()
 

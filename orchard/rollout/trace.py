@@ -71,7 +71,7 @@ def build_trace(rollout_id: str, calls: list[dict[str, Any]], events: list[Sandb
     steps += [TraceStep(time=e.time, source="sandbox", index=i, summary=_event_summary(e))
               for i, e in enumerate(events)]
     steps.sort(key=lambda s: (s.time, s.source != "model", s.index))
-    ends = [c.get("started_at", 0.0) + (c.get("latency_ms") or 0) / 1000 for c in calls]
+    ends = [(c.get("started_at") or 0.0) + (c.get("latency_ms") or 0) / 1000 for c in calls]
     ends += [e.time + (e.data.get("duration_ms") or 0) / 1000 for e in events]
     return Trace(rollout_id=rollout_id, started_at=steps[0].time if steps else None,
                  ended_at=max(ends) if ends else None, model_calls=calls,

@@ -101,8 +101,9 @@ for i = 4, #KEYS do redis.call('ZADD', KEYS[i], seq, seq) end
 return seq
 """
 
+# In batches of ARGV[3], so a backlog (say, after downtime) never blocks Redis for long.
 _PRUNE_EVENTS = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1], 'LIMIT', 0, ARGV[3])
 for _, seq in ipairs(ids) do
     local body = redis.call('HGET', KEYS[1], seq)
     if body then
@@ -525,8 +526,13 @@ class RedisStore:
 
     async def prune_events(self, older_than: float) -> int:
         keys = [self._k("events"), self._k("events", "time"), self._k("events", "order")]
-        return int(await self._call(self._prune_events_script, keys=keys,
-                                    args=[repr(older_than), self._k("events")]))
+        total, batch = 0, 500
+        while True:
+            n = int(await self._call(self._prune_events_script, keys=keys,
+                                     args=[repr(older_than), self._k("events"), batch]))
+            total += n
+            if n < batch:
+                return total
 
     # --- publish / subscribe ------------------------------------------------------------
 

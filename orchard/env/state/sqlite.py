@@ -113,13 +113,20 @@ class SqliteStore:
         return n
 
     async def append_event(self, event: SandboxEvent) -> SandboxEvent:
-        # The row id is the seq, but the stored body must carry it too: insert, then fill in.
-        cur = self._db.execute(
-            "INSERT INTO events (sandbox_id, session, time, data) VALUES (?, ?, ?, '')",
-            (event.sandbox_id, event.session, event.time))
-        event = event.model_copy(update={"seq": cur.lastrowid})
-        self._db.execute("UPDATE events SET data = ? WHERE seq = ?",
-                         (event.model_dump_json(), event.seq))
+        # The row id is the seq, but the stored body must carry it too: insert, then fill in,
+        # in one transaction, so no reader (or crash) ever meets a row without its body.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            cur = self._db.execute(
+                "INSERT INTO events (sandbox_id, session, time, data) VALUES (?, ?, ?, '')",
+                (event.sandbox_id, event.session, event.time))
+            event = event.model_copy(update={"seq": cur.lastrowid})
+            self._db.execute("UPDATE events SET data = ? WHERE seq = ?",
+                             (event.model_dump_json(), event.seq))
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
         return event
 
     async def events(self, *, sandbox_id: str | None = None, session: str | None = None,
