@@ -56,11 +56,11 @@ from orchard.env.client import (  # noqa: E402
     WaitTimeout,
 )
 from orchard.env.schema import SESSION_PATTERN  # noqa: E402
+from orchard.rollout.proxy import SESSION_HEADER
 
 log = logging.getLogger(__name__)
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-SESSION_HEADER = "X-Orchard-Session"  # what the recording proxy reads on its plain /v1 route
 # vLLM's extension for token-exact training data; the teacher and the proxy understand it.
 TOKEN_IDS_BODY = {"return_token_ids": True, "logprobs": True}
 # The exec API returns stdout and stderr apart; upstream environments give the model one
