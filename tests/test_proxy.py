@@ -3,14 +3,23 @@ OpenAI client: byte-exact passthrough, recording, token-exact samples, drift, er
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from orchard.rollout import upstream as upstream_module
 from orchard.rollout.proxy import ProxySettings, create_proxy_app
 from orchard.rollout.samples import build_samples
 from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCall
@@ -162,7 +171,7 @@ def test_unreachable_upstream_is_a_502_that_says_so(tmp_path: Path) -> None:
     try:
         r = httpx.post(f"{proxy.url}/s/x/v1/chat/completions", json={"messages": []})
         assert r.status_code == 502
-        assert "unreachable" in r.json()["error"]["message"]
+        assert f"upstream {dead}/ unreachable" in r.json()["error"]["message"]
         assert httpx.get(f"{proxy.url}/sessions/x").json()["calls"][0]["status"] == 502
     finally:
         proxy.stop()
@@ -177,3 +186,281 @@ def test_bad_input(stack: tuple[str, str, Path]) -> None:
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
     r = httpx.get(f"{proxy}/sessions/never-seen")
     assert r.status_code == 404 and "GET /sessions" in r.json()["error"]["message"]
+
+
+# --- the upstream hop, against a scripted raw HTTP/1.1 upstream ------------------------------
+
+
+class RawUpstream:
+    """An HTTP/1.1 server on 127.0.0.1 that answers as ``handler(conn, request)`` writes; the
+    handler returns whether to keep the connection open. Every request is kept in
+    ``requests`` as (connection number, head bytes, body bytes)."""
+
+    def __init__(self, handler: Callable[[socket.socket, bytes], bool],
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.handler = handler
+        self.tls = tls
+        self.requests: list[tuple[int, bytes, bytes]] = []
+        self.connections = 0
+        self.release = threading.Event()  # set at the end: a stalling handler returns
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        host, port = self._sock.getsockname()
+        self.url = f"{'https' if tls else 'http'}://{host}:{port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn, self.connections),
+                             daemon=True).start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError):
+            if self.tls:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            pending = b""
+            with conn:
+                while True:
+                    while b"\r\n\r\n" not in pending:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        pending += data
+                    head, _, pending = pending.partition(b"\r\n\r\n")
+                    length = 0
+                    for line in head.split(b"\r\n")[1:]:
+                        name, _, value = line.partition(b":")
+                        if name.strip().lower() == b"content-length":
+                            length = int(value)
+                    while len(pending) < length:
+                        pending += conn.recv(65536)
+                    body, pending = pending[:length], pending[length:]
+                    self.requests.append((number, head, body))
+                    if not self.handler(conn, head + b"\r\n\r\n" + body):
+                        return
+
+    def close(self) -> None:
+        self.release.set()
+        self._sock.close()
+
+
+def json_answer(body: bytes, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+            % (len(body), extra, body))
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+ANSWER = json.dumps({"id": "x", "choices": [{"index": 0, "message": {
+    "role": "assistant", "content": "hello"}, "finish_reason": "stop"}]}).encode()
+
+
+@contextlib.contextmanager
+def raw_stack(tmp_path: Path, handler: Callable[[socket.socket, bytes], bool], prefix: str = "",
+              tls: ssl.SSLContext | None = None,
+              **settings: Any) -> Iterator[tuple[RawUpstream, str]]:
+    """(the scripted upstream, the proxy's URL); ``prefix`` goes on the upstream's base URL."""
+    upstream = RawUpstream(handler, tls=tls)
+    proxy = ThreadedServer(create_proxy_app(ProxySettings(
+        upstreams=[upstream.url + prefix], store=tmp_path / "store", **settings)), "proxy")
+    proxy.start()
+    try:
+        yield upstream, proxy.url or ""
+    finally:
+        upstream.close()
+        proxy.stop()
+
+
+def recorded_calls(proxy: str, session: str) -> list[dict[str, Any]]:
+    return httpx.get(f"{proxy}/sessions/{session}").json()["calls"]
+
+
+def test_forwarding_is_byte_exact(tmp_path: Path) -> None:
+    body = b'{"model": "m",  "messages": [{"role": "user", "content": "caf\\u00e9 \xc3\xa9"}]}'
+
+    def answer(conn: socket.socket, request: bytes) -> bool:
+        conn.sendall(json_answer(ANSWER, b"x-upstream: 1\r\n"))
+        return True
+
+    with raw_stack(tmp_path, answer, prefix="/prefix/", api_key="secret") as (upstream, proxy):
+        r = httpx.post(f"{proxy}/s/exact/v1/chat/completions?a=1%202&b=%2F", content=body,
+                       headers={"content-type": "application/json", "authorization": "Bearer x",
+                                "x-orchard-session": "ignored", "cookie": "not-forwarded"})
+        assert r.status_code == 200 and r.content == ANSWER
+        assert r.headers["content-type"] == "application/json"
+        [(_, head, sent)] = upstream.requests
+        assert sent == body
+        lines = head.decode().split("\r\n")
+        assert lines[0] == "POST /prefix/v1/chat/completions?a=1%202&b=%2F HTTP/1.1"
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        assert headers["authorization"] == "Bearer secret"  # the proxy's key, not the client's
+        assert headers["host"] == upstream.url.removeprefix("http://")
+        assert "cookie" not in headers and "accept-encoding" not in headers
+        call = recorded_calls(proxy, "exact")[0]
+        assert call["request"] == json.loads(body) and call["response"] == json.loads(ANSWER)
+        assert call["upstream"] == upstream.url + "/prefix/"
+        assert httpx.put(f"{proxy}/v1/models").status_code == 405
+
+
+def test_chunked_answer_is_passed_on_and_recorded(tmp_path: Path) -> None:
+    def answer(conn: socket.socket, request: bytes) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        for i in range(0, len(ANSWER), 20):  # a chunk extension and a trailer, as RFC 9112 allows
+            piece = ANSWER[i:i + 20]
+            conn.sendall(b"%x;ext=1\r\n%s\r\n" % (len(piece), piece))
+        conn.sendall(b"0\r\nx-trailer: 1\r\n\r\n")
+        return True
+
+    with raw_stack(tmp_path, answer) as (upstream, proxy):
+        for _ in range(3):  # the connection stays usable after a chunked body
+            r = httpx.post(f"{proxy}/s/chunked/v1/chat/completions", json=CHAT)
+            assert r.status_code == 200 and r.content == ANSWER
+        assert upstream.connections == 1
+        calls = recorded_calls(proxy, "chunked")
+        assert [c["response"] for c in calls] == [json.loads(ANSWER)] * 3
+
+
+def test_upstream_closing_kept_alive_connections(tmp_path: Path) -> None:
+    """An upstream may close an idle kept-alive connection at any time: after an answer (the
+    proxy finds it closed when it next wants it), or just as the next request arrives (the
+    request is sent again on a fresh connection: the upstream answered nothing on the old)."""
+
+    def answer(conn: socket.socket, request: bytes) -> bool:
+        number = upstream.requests[-1][0]
+        if number == 2 and len([r for r in upstream.requests if r[0] == 2]) == 2:
+            return False  # closes without answering the connection's second request
+        conn.sendall(json_answer(ANSWER))
+        return number != 1  # the first connection is closed after its answer
+
+    with raw_stack(tmp_path, answer) as (upstream, proxy):
+        for _ in range(3):
+            r = httpx.post(f"{proxy}/s/closing/v1/chat/completions", json=CHAT)
+            assert r.status_code == 200 and r.content == ANSWER
+        # calls: 1 on connection 1 (closed after), 2 on connection 2, 3 on connection 2 (closed
+        # unanswered), sent again on connection 3
+        assert [n for n, _, _ in upstream.requests] == [1, 2, 2, 3]
+        calls = recorded_calls(proxy, "closing")
+        assert [c["status"] for c in calls] == [200, 200, 200]
+
+
+def test_upstream_hanging_up_is_a_502(tmp_path: Path) -> None:
+    def answer(conn: socket.socket, request: bytes) -> bool:
+        if b"midway" in request:  # the head and part of the body, then the connection closes
+            conn.sendall(json_answer(ANSWER)[:-10])
+        return False
+
+    with raw_stack(tmp_path, answer) as (upstream, proxy):
+        r = httpx.post(f"{proxy}/s/hangup/v1/chat/completions", json=CHAT)
+        assert r.status_code == 502
+        assert f"upstream {upstream.url}/ broke off" in r.json()["error"]["message"]
+        assert len(upstream.requests) == 1  # not sent again: it was a fresh connection
+        r = httpx.post(f"{proxy}/s/hangup/v1/chat/completions", json={**CHAT, "user": "midway"})
+        assert r.status_code == 502 and "broke off a response" in r.json()["error"]["message"]
+        calls = recorded_calls(proxy, "hangup")
+        assert [c["status"] for c in calls] == [502, 502]
+        assert all("broke off" in c["error"] for c in calls)
+
+
+def test_upstream_timeouts_are_504s(tmp_path: Path) -> None:
+    def answer(conn: socket.socket, request: bytes) -> bool:
+        if b"midway" in request:  # the head and part of the body, then silence
+            conn.sendall(json_answer(ANSWER)[:-10])
+        upstream.release.wait(30)
+        return False
+
+    with raw_stack(tmp_path, answer, timeout=0.5) as (upstream, proxy):
+        t0 = time.monotonic()
+        r = httpx.post(f"{proxy}/s/slow/v1/chat/completions", json=CHAT)
+        assert r.status_code == 504 and time.monotonic() - t0 < 5
+        assert "did not answer within 0.5 s" in r.json()["error"]["message"]
+        r = httpx.post(f"{proxy}/s/slow/v1/chat/completions", json={**CHAT, "user": "midway"})
+        assert r.status_code == 504
+        assert "sent nothing for 0.5 s" in r.json()["error"]["message"]
+        assert [c["status"] for c in recorded_calls(proxy, "slow")] == [504, 504]
+
+
+def test_stream_is_relayed_as_it_arrives(tmp_path: Path) -> None:
+    """The first event reaches the client while the upstream still holds back the rest."""
+    more = threading.Event()
+    event = b'data: {"choices": [{"index": 0, "delta": {"content": "%s"}}]}\n\n'
+
+    def answer(conn: socket.socket, request: bytes) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        for piece in (event % b"Hel", None, event % b"lo", b"data: [DONE]\n\n"):
+            if piece is None:
+                more.wait(10)
+                continue
+            conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        conn.sendall(b"0\r\n\r\n")
+        return True
+
+    with raw_stack(tmp_path, answer) as (_, proxy), httpx.stream(
+            "POST", f"{proxy}/s/sse/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+        chunks = r.iter_raw()
+        assert next(chunks) == event % b"Hel"
+        assert not more.is_set()
+        more.set()
+        assert b"".join(chunks) == event % b"lo" + b"data: [DONE]\n\n"
+        r.close()
+        [call] = recorded_calls(proxy, "sse")
+        assert call["status"] == 200 and "error" not in call
+        assert call["response"]["choices"][0]["message"]["content"] == "Hello"
+
+
+def test_client_hanging_up_ends_the_upstream_stream(tmp_path: Path) -> None:
+    """A harness that hangs up mid-stream: the upstream's connection is closed (a model server
+    stops generating), and the record keeps what arrived, marked as cut."""
+    upstream_saw_close = threading.Event()
+
+    def answer(conn: socket.socket, request: bytes) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        piece = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n'
+        deadline = time.monotonic() + 10
+        try:
+            while time.monotonic() < deadline:
+                conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                time.sleep(0.02)
+        except OSError:
+            upstream_saw_close.set()
+        return False
+
+    with raw_stack(tmp_path, answer) as (_, proxy):
+        with httpx.stream("POST", f"{proxy}/s/gone/v1/chat/completions",
+                          json={**CHAT, "stream": True}) as r:
+            next(r.iter_raw())
+        assert upstream_saw_close.wait(5)
+        [call] = recorded_calls(proxy, "gone")
+        assert "hung up" in call["error"]
+        assert call["response"]["choices"][0]["message"]["content"].startswith("x")
+
+
+def test_https_upstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hosted API is HTTPS: verified against the system's CAs (here one made for the test)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    # the client's default context is made once per process: make it anew, trusting the cert
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    monkeypatch.setattr(upstream_module, "_default_tls", None)
+
+    def answer(conn: socket.socket, request: bytes) -> bool:
+        conn.sendall(json_answer(ANSWER))
+        return True
+
+    with raw_stack(tmp_path, answer, tls=server_tls) as (upstream, proxy):
+        assert upstream.url.startswith("https://")
+        for _ in range(2):
+            r = httpx.post(f"{proxy}/s/tls/v1/chat/completions", json=CHAT)
+            assert r.status_code == 200 and r.content == ANSWER
+        assert upstream.connections == 1
