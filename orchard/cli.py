@@ -146,6 +146,10 @@ def proxy(
     api_key: Annotated[
         str | None, typer.Option(help="Bearer token for the upstreams (else the client's).",
                                  envvar="ORCHARD_UPSTREAM_API_KEY")] = None,
+    render_with: Annotated[
+        str | None, typer.Option(help="Tokenizer dir or name: render chat requests here with its "
+                                 "chat template and send token ids to /v1/completions (for "
+                                 "upstreams whose chat answers carry no token ids).")] = None,
     log_level: str = "info",
 ) -> None:
     """Run the recording proxy: harnesses use http://HOST:PORT/s/SESSION/v1 as their base URL."""
@@ -153,7 +157,8 @@ def proxy(
 
     from orchard.rollout.proxy import ProxySettings, create_proxy_app
 
-    app_ = create_proxy_app(ProxySettings(upstreams=upstream, store=store, api_key=api_key))
+    app_ = create_proxy_app(ProxySettings(upstreams=upstream, store=store, api_key=api_key,
+                                          render_with=render_with))
     uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False)
 
 

@@ -203,3 +203,41 @@ def test_vllm_tokens_are_recorded_exactly(tmp_path: Path) -> None:
         assert [d.call for d in drifts] == [1] and [s.calls for s in samples] == [[0], [1]]
     masked = sum(sum(s.loss_mask) for s in samples)
     assert masked == sum(len(c["tokens"]["completion_ids"]) for c in calls)
+
+
+@needs_vllm
+def test_vllm_through_prompts_the_proxy_renders(tmp_path: Path) -> None:
+    """--render-with: the chat template is applied by the proxy, vLLM sees token ids on
+    /v1/completions; the harness still gets chat answers and the record is token-exact."""
+    from orchard.rollout.samples import build_samples
+    from orchard.rollout.tokenizer import load_tokenizer
+
+    assert VLLM_URL and VLLM_MODEL
+    tok = load_tokenizer(Path(VLLM_MODEL))
+    server = ThreadedServer(create_proxy_app(ProxySettings(
+        upstreams=[VLLM_URL], store=tmp_path, render_with=VLLM_MODEL)), "proxy")
+    server.start()
+    session = f"vllm-render-{uuid.uuid4().hex[:6]}"
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/s/{session}/v1", api_key="unused",
+                               max_retries=0)
+        messages: list[dict] = [{"role": "user", "content": "Name one colour."}]
+        for follow_up in ("Another one?", "Thanks."):
+            reply = client.chat.completions.create(model="smollm2", messages=messages,
+                                                   max_tokens=24, temperature=0)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "user", "content": follow_up}]
+        calls = httpx.get(f"{server.url}/sessions/{session}").json()["calls"]
+    finally:
+        server.stop()
+    for call in calls:
+        assert call["rendered"]["endpoint"] == "/v1/completions"
+        rendered = tok.apply_chat_template(call["request"]["messages"],
+                                           add_generation_prompt=True, tokenize=False)
+        assert call["tokens"]["prompt_ids"] == tok.encode(rendered, add_special_tokens=False)
+        assert tok.decode(call["tokens"]["completion_ids"], skip_special_tokens=True).strip() \
+            == call["response"]["choices"][0]["message"]["content"]
+    samples, drifts = build_samples(session, calls)
+    assert sum(sum(s.loss_mask) for s in samples) == sum(
+        len(c["tokens"]["completion_ids"]) for c in calls)
+    assert len(samples) == 1 + len(drifts)

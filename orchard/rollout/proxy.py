@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.rollout.recorder import BadSession, SessionStore, check_session
+from orchard.rollout.render import ChatRenderer, RenderError, chat_stream
 from orchard.rollout.samples import samples_json
 from orchard.rollout.upstream import Upstream, UpstreamError, UpstreamResponse, UpstreamTimeout
 from orchard.version import __version__
@@ -55,6 +56,10 @@ class ProxySettings(BaseModel):
     timeout: float = Field(
         600, gt=0, description="Seconds the upstream may stay silent: before its answer begins, "
                                "and between two pieces of it.")
+    render_with: str | Path | None = Field(
+        None, description="A tokenizer (directory or Hugging Face name) whose chat template "
+        "renders chat requests here, sent upstream as token-id prompts to /v1/completions "
+        "(see orchard/rollout/render.py); for upstreams whose chat endpoint gives no token ids.")
 
 
 def _error_body(status: int, message: str) -> bytes:
@@ -207,6 +212,7 @@ class _Forwarder:
         self.upstreams = upstreams
         self.recorder = recorder
         self.auth = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+        self.renderer = ChatRenderer(settings.render_with) if settings.render_with else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, session: str,
                        path: str) -> None:
@@ -234,6 +240,8 @@ class _Forwarder:
         call = {"endpoint": path, "upstream": upstream.url, "request": request,
                 "started_at": time.time()}
         t0 = time.perf_counter()
+        if self.renderer is not None and method == "POST" and path == "/v1/chat/completions":
+            return await self._rendered(send, upstream, headers, request, call, session, t0)
         try:
             response = await upstream.request(method, target, headers, body)
         except UpstreamError as e:
@@ -262,6 +270,59 @@ class _Forwarder:
         finally:
             self.recorder.spawn(self.recorder.write(
                 session, call, functools.partial(_complete_plain, data)))
+
+    async def _rendered(self, send: Send, upstream: Upstream, headers: list[tuple[bytes, bytes]],
+                        chat: dict[str, Any], call: dict[str, Any], session: str,
+                        t0: float) -> None:
+        """A chat call answered through /v1/completions with a prompt rendered here."""
+        assert self.renderer is not None
+        try:
+            body, prompt = await asyncio.to_thread(self.renderer.completion_request, chat)
+        except Exception as e:  # noqa: BLE001 - a template may raise anything on odd input
+            return await _send_error(send, 400, f"cannot render this chat request with the "
+                                                f"proxy's chat template: {e}")
+        call["rendered"] = {"endpoint": "/v1/completions", "prompt_tokens": len(prompt)}
+        headers = [(k, v) for k, v in headers if k != b"content-type"]
+        headers.append((b"content-type", b"application/json"))
+        self.recorder.expect(session)
+        try:
+            status, content_type, answer = await self._complete_rendered(
+                upstream, headers, body, chat, prompt, call)
+            call.update(status=status, latency_ms=(time.perf_counter() - t0) * 1000)
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", content_type.encode("latin-1")),
+                                    (b"content-length", b"%d" % len(answer))]})
+            await send({"type": "http.response.body", "body": answer})
+        finally:
+            self.recorder.spawn(self.recorder.write(session, call))
+
+    async def _complete_rendered(self, upstream: Upstream, headers: list[tuple[bytes, bytes]],
+                                 body: dict[str, Any], chat: dict[str, Any], prompt: list[int],
+                                 call: dict[str, Any]) -> tuple[int, str, bytes]:
+        """(status, content type, body) for the harness; fills in the call's record."""
+        assert self.renderer is not None
+        try:
+            response = await upstream.request("POST", "/v1/completions", headers,
+                                              json.dumps(body).encode())
+            data = await response.aread()
+        except UpstreamError as e:
+            status = 504 if isinstance(e, UpstreamTimeout) else 502
+            call["error"] = str(e)
+            return status, "application/json", _error_body(
+                status, f"{e}; check that the model server is up")
+        if response.status_code >= 400:  # the upstream's own error, passed on as it came
+            call.update(_parse_body(data, response.status_code))
+            return (response.status_code,
+                    response.headers.get("content-type", "application/json"), data)
+        try:
+            answer, tokens = self.renderer.chat_response(chat, json.loads(data), prompt)
+        except (ValueError, RenderError) as e:
+            call["error"] = f"upstream answer unusable: {e}"
+            return 502, "application/json", _error_body(502, call["error"])
+        call.update(response=answer, tokens=tokens)
+        if chat.get("stream"):
+            return 200, "text/event-stream", chat_stream(answer)
+        return 200, "application/json", json.dumps(answer).encode()
 
     async def _relay(self, receive: Receive, send: Send, response: UpstreamResponse,
                      content_type: str, call: dict[str, Any], session: str, t0: float) -> None:
