@@ -292,9 +292,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(d: Path, port: int, log: Path) -> subprocess.Popen:
+def _start_server(d: Path, port: int, log: Path, **settings: object) -> subprocess.Popen:
+    """A standalone orchestrator (`serve`): unlike an embedded one, its sandboxes outlive it."""
+    extra = "".join(f", {k}={v!r}" for k, v in settings.items())
     code = ("from pathlib import Path; from orchard.env.server import serve; "
-            f"serve(port={port}, data_dir=Path({str(d)!r}), log_level='warning')")
+            f"serve(port={port}, data_dir=Path({str(d)!r}), log_level='warning'{extra})")
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=out)
 

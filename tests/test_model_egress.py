@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import signal
 import socket
 import uuid
 from collections.abc import Iterator
@@ -21,7 +22,15 @@ from orchard.rollout.proxy import ProxySettings, create_proxy_app
 from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer
 from orchard.rollout.tokenizer import load_tokenizer
 from orchard.serving import ThreadedServer
-from tests.conftest import create_ready, dedicated_orchestrator, kube_settings, needs_root, run
+from tests.conftest import (
+    create_ready,
+    dedicated_orchestrator,
+    kube_settings,
+    needs_root,
+    run,
+    short_data_dir,
+    wait_until,
+)
 from tests.fakekube.cluster import FakeCluster
 from tests.test_kubernetes_backend import (
     _schema_errors,
@@ -32,6 +41,7 @@ from tests.test_kubernetes_backend import (
     on_server,
     short_dir,
 )
+from tests.test_lifecycle import _free_port, _start_server, force_remove, gone
 
 pytestmark = needs_root
 TOKENIZER = Path(__file__).parent / "data" / "tokenizer"
@@ -179,6 +189,41 @@ def test_proxy_down_gives_the_harness_a_clear_502(data_dir: Path, orchestrator: 
         assert result["exit_code"] == 3, result
         assert result["stdout"].startswith("502 ")
         assert "recording proxy" in result["stdout"] and "unreachable" in result["stdout"]
+
+
+def test_relay_comes_back_after_an_orchestrator_restart(
+        data_dir: Path, orchestrator: str, tmp_path: Path,
+        model_stack: tuple[str, str, Path]) -> None:
+    """The host end of the relay lives in the orchestrator: one that was SIGKILLed and
+    restarted re-opens it when it re-adopts the sandbox."""
+    port = _free_port()
+    url, sid = f"http://127.0.0.1:{port}", f"relay-{uuid.uuid4().hex[:8]}"
+    with short_data_dir(data_dir) as d:
+        proc = _start_server(d, port, tmp_path / "serve.log", model_proxy=model_stack[1])
+        try:
+            with httpx.Client(base_url=url, timeout=60) as http:
+                create_ready(http, {"image": "host", "sandbox_id": sid, "session": "restarted",
+                                    "model_proxy": True})
+                assert py(http, sid, CHAT)["exit_code"] == 0
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            proc = _start_server(d, port, tmp_path / "serve.log", model_proxy=model_stack[1])
+            with httpx.Client(base_url=url, timeout=60) as http:
+                result = py(http, sid, CHAT)
+                assert result["exit_code"] == 0, result
+                assert http.delete(f"/sandboxes/{sid}").status_code == 200
+                assert wait_until(lambda: gone(sid, d), 20)
+            calls = httpx.get(f"{model_stack[1]}/sessions/restarted").json()["calls"]
+            assert len(calls) == 2
+        finally:
+            if proc.poll() is None:
+                with httpx.Client(base_url=url, timeout=30) as http, \
+                        contextlib.suppress(httpx.HTTPError):
+                    http.delete(f"/sandboxes/{sid}")
+                wait_until(lambda: gone(sid, d), 20)
+                proc.terminate()
+                proc.wait(20)
+            force_remove(sid)
 
 
 def test_model_proxy_url_must_be_plain_http(data_dir: Path, orchestrator: str) -> None:
