@@ -52,6 +52,8 @@ from orchard.env.service import SandboxService
 from orchard.env.state.base import LockTimeout, StoreUnavailable
 from orchard.version import __version__
 
+MAX_SEQ = 2**63 - 1  # event seqs are SQLite/Redis 64-bit integers
+
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 408, 409, 413, 503)
 }
@@ -212,7 +214,8 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
         session: Annotated[str | None, Query(description="Events of one rollout")] = None,
         sandbox_id: str | None = None,
         label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
-        after: Annotated[int, Query(ge=0, description="Only events with seq > after")] = 0,
+        after: Annotated[int, Query(ge=0, le=MAX_SEQ,
+                                    description="Only events with seq > after")] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> EventList:
         """The event log, oldest first; page with `after=next_after`. Events outlive their
@@ -222,7 +225,7 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
 
     @app.get("/sandboxes/{sid}/events", response_model=EventList, dependencies=secured,
              responses=ERRORS)
-    async def sandbox_events(sid: str, after: Annotated[int, Query(ge=0)] = 0,
+    async def sandbox_events(sid: str, after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
                              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> EventList:
         return await service.list_events(sandbox_id=sid, after=after, limit=limit)
 
