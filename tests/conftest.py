@@ -7,13 +7,14 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from orchard.env.server import EmbeddedOrchestrator
+from orchard.env.state import StateStore, open_store
 from tests.fakekube.cluster import FakeCluster
 
 pytest_plugins = ["tests.redis_server"]
@@ -114,3 +115,35 @@ def kube_settings(cluster: FakeCluster, **kubernetes: object) -> dict[str, objec
     return {"backend": "kubernetes", "reconcile_interval": 0.5,
             "kubernetes": {"kubeconfig": str(cluster.kubeconfig), "agent_secret": "test-secret",
                            **kubernetes}}
+
+
+# --- state stores: every store test runs on SQLite and on a real Redis ----------------------
+
+MakeStore = Callable[[], StateStore]
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/state.db"
+    return str(request.getfixturevalue("redis_store_url"))
+
+
+@pytest.fixture()
+async def make_store(store_url: str) -> AsyncIterator[MakeStore]:
+    """Opens stores on the same backing: for Redis, separate replicas of one deployment; for
+    SQLite, the same file reopened (as after a restart)."""
+    stores: list[StateStore] = []
+
+    def make() -> StateStore:
+        stores.append(open_store(store_url))
+        return stores[-1]
+
+    yield make
+    for s in stores:
+        await s.close()
+
+
+@pytest.fixture()
+def store(make_store: MakeStore) -> StateStore:
+    return make_store()

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
 from urllib.parse import parse_qs, urlsplit
 
-import pytest
 import redis.asyncio as aioredis
 
 from orchard.env.schema import EventKind, SandboxEvent
-from orchard.env.state import StateStore, open_store, sqlite_path
+from orchard.env.state import StateStore, sqlite_path
+from tests.conftest import MakeStore  # store fixtures: SQLite and a real Redis
 
-MakeStore = Callable[[], StateStore]
 T0 = 1_700_000_000.0
 
 
@@ -21,32 +19,6 @@ def event(sid: str, session: str | None, t: float = T0, kind: EventKind = EventK
           **data: object) -> SandboxEvent:
     return SandboxEvent(sandbox_id=sid, time=t, kind=kind, session=session,
                         labels={"run": session or "none"}, data=data)
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/state.db"
-    return str(request.getfixturevalue("redis_store_url"))
-
-
-@pytest.fixture()
-async def make_store(store_url: str) -> AsyncIterator[MakeStore]:
-    """Stores on one backing: Redis replicas of one deployment, or SQLite reopened."""
-    stores: list[StateStore] = []
-
-    def make() -> StateStore:
-        stores.append(open_store(store_url))
-        return stores[-1]
-
-    yield make
-    for s in stores:
-        await s.close()
-
-
-@pytest.fixture()
-def store(make_store: MakeStore) -> StateStore:
-    return make_store()
 
 
 async def test_append_assigns_increasing_seqs_that_stored_events_carry(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlsplit
 
@@ -22,10 +22,10 @@ from orchard.env.state import (
     StoreUnavailable,
     open_store,
 )
+from tests.conftest import MakeStore
 
 WAIT = 10.0  # generous bound for things that should happen promptly
 
-MakeStore = Callable[[], StateStore]
 
 
 def sandbox(sid: str, status: SandboxStatus = SandboxStatus.running) -> SandboxInfo:
@@ -51,31 +51,6 @@ def job(jid: str, status: JobStatus = JobStatus.queued) -> Job:
     )
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/state.db"
-    return str(request.getfixturevalue("redis_store_url"))
-
-
-@pytest.fixture()
-async def make_store(store_url: str) -> AsyncIterator[MakeStore]:
-    """Opens stores on the same backing: for Redis, separate replicas of one deployment; for
-    SQLite, the same file reopened (as after a restart)."""
-    stores: list[StateStore] = []
-
-    def make() -> StateStore:
-        stores.append(open_store(store_url))
-        return stores[-1]
-
-    yield make
-    for s in stores:
-        await s.close()
-
-
-@pytest.fixture()
-def store(make_store: MakeStore) -> StateStore:
-    return make_store()
 
 
 @pytest.fixture()
