@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux redis-server
+APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux redis-server python3-pytest
 STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps demo test lint bench validate-manifests clean

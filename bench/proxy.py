@@ -54,7 +54,7 @@ from common import (  # noqa: E402
 )
 
 GOAL_ADDED_P50_MS = 2.0
-TOKENIZER = REPO_ROOT / "tests/data/tokenizer"
+TOKENIZER = REPO_ROOT / "orchard/rollout/data/tokenizer"
 REPLY = "The answer is 42."
 MESSAGES = [{"role": "system", "content": "You are a terse calculator."},
             {"role": "user", "content": "What is 6 times 7?"}]

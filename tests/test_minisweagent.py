@@ -35,12 +35,12 @@ from orchard.rollout.teacher import (
     TeacherServer,
     ToolCall,
 )
-from orchard.rollout.tokenizer import load_tokenizer
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.trace import collect_trace
 from orchard.serving import ThreadedServer
 from tests.conftest import create_ready, needs_root
 
-TOKENIZER = Path(__file__).parent / "data" / "tokenizer"
+TOKENIZER = TEST_TOKENIZER
 ORCHARD = Path(sys.executable).with_name("orchard")
 REPO = {
     "calc.py": "def add(a, b):\n    return a - b\n",

@@ -20,7 +20,7 @@ from orchard.env.backends.kubernetes.manifests import MODEL_EGRESS, MODEL_PROXY
 from orchard.env.server import EmbeddedOrchestrator
 from orchard.rollout.proxy import ProxySettings, create_proxy_app
 from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer
-from orchard.rollout.tokenizer import load_tokenizer
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
 from tests.conftest import (
     create_ready,
@@ -44,7 +44,7 @@ from tests.test_kubernetes_backend import (
 from tests.test_lifecycle import _free_port, _start_server, force_remove, gone
 
 pytestmark = needs_root
-TOKENIZER = Path(__file__).parent / "data" / "tokenizer"
+TOKENIZER = TEST_TOKENIZER
 # Plain python3 from the host view: the kind of client a harness inside the sandbox is.
 CHAT = """
 import json, os, sys, urllib.request, urllib.error

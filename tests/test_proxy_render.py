@@ -16,10 +16,10 @@ from orchard.rollout.proxy import ProxySettings, create_proxy_app
 from orchard.rollout.render import ChatRenderer, parse_tool_calls
 from orchard.rollout.samples import build_samples
 from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCall
-from orchard.rollout.tokenizer import load_tokenizer
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
 
-TOKENIZER = Path(__file__).parent / "data" / "tokenizer"
+TOKENIZER = TEST_TOKENIZER
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}},

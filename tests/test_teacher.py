@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,12 +20,13 @@ from orchard.rollout.teacher import (
 from orchard.rollout.tokenizer import (
     IM_END,
     IM_START,
+    TEST_TOKENIZER,
     build_test_tokenizer,
     load_tokenizer,
     token_bytes,
 )
 
-TOKENIZER_DIR = Path(__file__).parent / "data" / "tokenizer"
+TOKENIZER_DIR = TEST_TOKENIZER
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

@@ -29,14 +29,14 @@ from orchard.rollout import export
 from orchard.rollout.proxy import ProxySettings, create_proxy_app
 from orchard.rollout.replay import REPLAY_LABEL, ReplayReport, replay
 from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCall
-from orchard.rollout.tokenizer import load_tokenizer
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.trace import Trace, build_trace, collect_trace
 from orchard.serving import ThreadedServer
 from tests.conftest import needs_root
 
 pytestmark = needs_root
 
-TOKENIZER = Path(__file__).parent / "data" / "tokenizer"
+TOKENIZER = TEST_TOKENIZER
 EXTRA = {"return_token_ids": True, "logprobs": True}
 
 

@@ -24,6 +24,7 @@ import os
 import platform
 import posixpath
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -36,9 +37,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import litellm  # noqa: E402
 import yaml  # noqa: E402
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
+from minisweagent.agents.default import AgentConfig, DefaultAgent  # noqa: E402
 from minisweagent.config import builtin_config_dir, get_config_from_spec  # noqa: E402
-from minisweagent.exceptions import Submitted  # noqa: E402
+from minisweagent.exceptions import LimitsExceeded, Submitted  # noqa: E402
 from minisweagent.models.litellm_model import LitellmModel  # noqa: E402
 from minisweagent.utils.serialize import recursive_merge  # noqa: E402
 from pydantic import BaseModel, Field, field_validator  # noqa: E402
@@ -138,6 +139,7 @@ class OrchardEnvironment:
         self.config = config_class(**kwargs)
         self._platform: dict[str, str] | None = None
         self._closed = False
+        self.exec_seconds = 0.0  # wall time of the agent's commands, round trip included
         self.created = self.config.sandbox_id is None
         self._client = SandboxClient(self.config.base_url, api_key=self.config.api_key)
         try:
@@ -207,13 +209,16 @@ class OrchardEnvironment:
                     timeout: int | None = None) -> dict[str, Any]:
         """Like :meth:`execute`, without submission detection: for set-up and evaluation."""
         timeout = timeout or self.config.timeout
+        start = time.monotonic()
         try:
             job = self.sandbox.exec([*_MERGE_STDERR, *self.config.interpreter, command],
                                     cwd=cwd or self.config.cwd, timeout=timeout,
                                     env=self._exec_env())
         except OrchardError as e:
+            self.exec_seconds += time.monotonic() - start
             return {"output": "", "returncode": -1, "exception_info": self._explain(e),
                     "extra": {"exception_type": type(e).__name__, "exception": str(e)}}
+        self.exec_seconds += time.monotonic() - start
         return self._output(job, timeout)
 
     def _exec_env(self) -> dict[str, str]:
@@ -341,6 +346,35 @@ class _LitellmModel(LitellmModel):
             litellm.suppress_debug_info = quiet
 
 
+class BudgetedAgentConfig(AgentConfig):
+    token_limit: int = 0
+    """Stop once a model call held this many prompt + completion tokens: the context budget
+    of a rollout (0: no limit)."""
+
+
+class BudgetedAgent(DefaultAgent):
+    """DefaultAgent with a token budget beside its step, cost and wall-time limits: a
+    self-hosted model has no cost, and its context is what runs out."""
+
+    def __init__(self, model: Any, env: Any, **kwargs: Any) -> None:
+        super().__init__(model, env, config_class=BudgetedAgentConfig, **kwargs)
+        self.n_tokens = 0  # spent over all calls
+        self.context_tokens = 0  # held by the last call
+
+    def query(self) -> dict:
+        limit = self.config.token_limit
+        if 0 < limit <= self.context_tokens:
+            raise LimitsExceeded({"role": "exit", "content": "LimitsExceeded",
+                                  "extra": {"exit_status": "LimitsExceeded", "submission": "",
+                                            "reason": f"context budget of {limit} tokens "
+                                                      "reached"}})
+        message = super().query()
+        usage = (message.get("extra", {}).get("response") or {}).get("usage") or {}
+        self.context_tokens = int(usage.get("total_tokens") or 0)
+        self.n_tokens += self.context_tokens
+        return message
+
+
 def config_from_specs(specs: Sequence[str | Path]) -> dict[str, Any]:
     """Config overrides as mini-swe-agent's ``-c`` reads them: YAML files (a path, or a name
     of a bundled config) and ``key.path=value`` pairs, merged in order."""
@@ -369,6 +403,8 @@ def run_task(
     setup_command: str | None = None,
     eval_command: str | None = None,
     step_limit: int = 250,
+    token_limit: int = 0,
+    wall_time_limit: float = 0,
     token_ids: bool = True,
     trajectory_path: Path | None = None,
     config_overrides: Mapping[str, Any] | None = None,
@@ -389,8 +425,11 @@ def run_task(
     ``environment``), as mini-swe-agent's ``-c key=value`` does.
 
     The result: ``exit_status`` ("Submitted", "LimitsExceeded", ...), ``submission``,
-    ``n_steps`` (model calls), ``messages``, ``sandbox_id``, ``session``, ``eval``. A sandbox
-    created here is deleted before returning, also when the agent raises.
+    ``n_steps`` (model calls), ``n_tokens``, ``exec_seconds``, ``messages``, ``sandbox_id``,
+    ``session``, ``eval``. A sandbox created here is deleted before returning, also when the
+    agent raises.
+    ``token_limit`` (tokens one call may hold) and ``wall_time_limit`` (seconds; 0: none) end
+    the run with ``LimitsExceeded`` / ``TimeExceeded``, as ``step_limit`` does.
     """
     model_kwargs: dict[str, Any] = {"api_base": model_base_url}
     if token_ids:
@@ -398,7 +437,8 @@ def run_task(
     if session is not None:
         model_kwargs["extra_headers"] = {SESSION_HEADER: session}
     ours = {
-        "agent": {"step_limit": step_limit, "output_path": trajectory_path},
+        "agent": {"step_limit": step_limit, "token_limit": token_limit,
+                  "wall_time_limit_seconds": int(wall_time_limit), "output_path": trajectory_path},
         # An unknown (self-hosted) model has no price: costs are 0, not an error.
         "model": {"model_name": f"openai/{model_name}", "cost_tracking": "ignore_errors",
                   "model_kwargs": model_kwargs},
@@ -425,7 +465,7 @@ def run_task(
                 raise RuntimeError(
                     f"the setup command failed in sandbox {env.sandbox_id} ({why}); fix it or "
                     f"the image. Its output ends:\n{done['output'][-2000:]}")
-        agent = DefaultAgent(model, env, **agent_config)
+        agent = BudgetedAgent(model, env, **agent_config)
         info = agent.run(task)
         evaluation = None
         if eval_command is not None:
@@ -436,6 +476,8 @@ def run_task(
             "exit_status": info.get("exit_status", ""),
             "submission": info.get("submission", ""),
             "n_steps": agent.n_calls,
+            "n_tokens": agent.n_tokens,
+            "exec_seconds": env.exec_seconds,
             "messages": agent.messages,
             "sandbox_id": env.sandbox_id,
             "session": session,

@@ -13,7 +13,7 @@ assistant turns the lossy way some harnesses do.
 Log-probs are deterministic (hashed from the tokens so far) and form a valid distribution in
 which the chosen token is the most likely one, as in greedy decoding.
 
-    with TeacherServer(ScriptedPolicy(["Hello!"]), load_tokenizer("tests/data/tokenizer")) as t:
+    with TeacherServer(ScriptedPolicy(["Hello!"]), load_tokenizer(TEST_TOKENIZER)) as t:
         client = openai.OpenAI(base_url=f"{t.url}/v1", api_key="none")
 """
 
@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from transformers import PreTrainedTokenizerFast
 
-from orchard.rollout.tokenizer import load_tokenizer, token_bytes
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer, token_bytes
 from orchard.serving import ThreadedServer
 
 log = logging.getLogger(__name__)
@@ -655,7 +655,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Serve a scripted OpenAI-compatible model (the teacher).")
     parser.add_argument("script", type=Path,
                         help="JSON list of replies: strings, or {content, tool_calls}")
-    parser.add_argument("--tokenizer", default="tests/data/tokenizer")
+    parser.add_argument("--tokenizer", default=str(TEST_TOKENIZER))
     parser.add_argument("--model-name", default="teacher")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)

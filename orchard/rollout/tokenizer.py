@@ -3,7 +3,8 @@
 The test tokenizer is a real byte-level BPE (the kind Qwen, SmolLM2 and GPT-2 use) trained on a
 fixed handful of Python standard-library files, so tests and the CPU demo exercise genuine
 tokenisation, special tokens and a Jinja chat template with tools, without any download.
-Regenerate the committed files with `python -m orchard.rollout.tokenizer tests/data/tokenizer`.
+Regenerate the committed files with
+`python -m orchard.rollout.tokenizer orchard/rollout/data/tokenizer`.
 """
 
 from __future__ import annotations
@@ -93,9 +94,12 @@ arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n\
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
 
+# The small offline tokenizer above, shipped with the package (tests, demos, the teacher).
+TEST_TOKENIZER = Path(__file__).parent / "data" / "tokenizer"
+
 
 def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
-    """A fast tokenizer from a directory (e.g. `tests/data/tokenizer`) or a Hugging Face name."""
+    """A fast tokenizer from a directory (e.g. :data:`TEST_TOKENIZER`) or a Hugging Face name."""
     tokenizer = AutoTokenizer.from_pretrained(str(path_or_name))
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise TypeError(f"{path_or_name} has no fast (tokenizers-backed) tokenizer; "

@@ -1,0 +1,72 @@
+"""One call from tasks to results: pick the harness, put the recording proxy in front of its
+model, run, grade, write. What ``orchard eval`` runs; usable from Python as is.
+
+    from orchard.eval import evaluate, make_harness
+    from orchard.tasks import load_tasks
+
+    tasks = load_tasks("bundled", split="test")
+    with SandboxClient.local() as client:
+        summary = evaluate(tasks, make_harness("oracle", tasks), Path("runs/oracle"), client)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchard.env.client import SandboxClient
+from orchard.eval.harness import (
+    HARNESSES,
+    Harness,
+    MiniSweAgentHarness,
+    OracleHarness,
+    TeacherHarness,
+)
+from orchard.eval.results import RolloutResult
+from orchard.eval.runner import RunConfig, Runner
+from orchard.tasks.model import Task
+
+
+def make_harness(name: str, tasks: Sequence[Task], *, model_url: str | None = None,
+                 model: str | None = None, teacher_solve: float = 1.0,
+                 config: dict[str, Any] | None = None, token_ids: bool = True) -> Harness:
+    """A bundled harness by name: ``oracle``, ``teacher`` or ``mini-swe-agent``."""
+    if name == "oracle":
+        return OracleHarness()
+    if name == "teacher":
+        return TeacherHarness(tasks, solve=teacher_solve)
+    if name == "mini-swe-agent":
+        if not model_url or not model:
+            raise ValueError("the mini-swe-agent harness needs --model-url (an OpenAI-"
+                             "compatible server, e.g. http://127.0.0.1:8000) and --model "
+                             "(the name it serves)")
+        return MiniSweAgentHarness(model_url, model, token_ids=token_ids, config=config)
+    raise ValueError(f"unknown harness {name!r}; choose one of {', '.join(HARNESSES)}")
+
+
+def evaluate(tasks: Sequence[Task], harness: Harness, out: Path, client: SandboxClient, *,
+             config: RunConfig | None = None, proxy_url: str | None = None,
+             on_start: Callable[[RolloutResult | None, int, int], None] | None = None,
+             on_result: Callable[[RolloutResult], None] | None = None) -> dict[str, Any]:
+    """Run ``harness`` on ``tasks`` into ``out`` (resuming what is there); the summary.
+
+    A harness with a model gets a recording proxy: ``proxy_url`` if given (then it must
+    forward to the harness's model), else one started here in front of
+    ``harness.model_upstream``, storing its calls under ``out/calls``."""
+    config = config or RunConfig(out=out)
+    with contextlib.ExitStack() as stack:
+        if hasattr(harness, "__enter__"):
+            stack.enter_context(harness)  # type: ignore[arg-type]
+        if harness.model_upstream is not None and proxy_url is None:
+            from orchard.rollout.proxy import ProxySettings, create_proxy_app
+            from orchard.serving import ThreadedServer
+
+            proxy = ThreadedServer(create_proxy_app(ProxySettings(
+                upstreams=[harness.model_upstream], store=out / "calls")), name="orchard-proxy")
+            proxy_url = proxy.start()
+            stack.callback(proxy.stop)
+        runner = Runner(config, tasks, harness, client, proxy_url=proxy_url,
+                        on_start=on_start, on_result=on_result)
+        return runner.run()
