@@ -771,6 +771,10 @@ def eval_(
         min=1, max=10, help="Attempts per rollout on environment failures.")] = 3,
     cpu: Annotated[str, typer.Option(help="Sandbox CPU (doubled on each retry).")] = "1",
     memory: Annotated[str, typer.Option(help="Sandbox memory (doubled on each retry).")] = "2Gi",
+    heartbeat_interval: Annotated[float, typer.Option(
+        min=0.1, help="Seconds between heartbeats of live sandboxes: well under the "
+                      "orchestrator's heartbeat_timeout (180 s by default), after which "
+                      "a dead runner's sandboxes are reaped.")] = 30.0,
     orchestrator: _Orchestrator = None,
     per_task: Annotated[bool, typer.Option(help="Print the per-task table too.")] = True,
 ) -> None:
@@ -797,7 +801,8 @@ def eval_(
     settings = {"tasks": tasks, "split": split, "harness": harness, "model": model,
                 "teacher_solve": teacher_solve if harness == "teacher" else None}
     run_config = RunConfig(out=out, n=n, concurrency=concurrency, max_attempts=max_attempts,
-                           cpu=cpu, memory=memory, settings=settings)
+                           cpu=cpu, memory=memory, heartbeat_interval=heartbeat_interval,
+                           settings=settings)
     progress = RunProgress(concurrency)
     with contextlib.ExitStack() as stack:
         url, api_key = _orchestrator(stack, ctx, orchestrator)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -47,7 +48,7 @@ def overall_rows(o: dict[str, Any]) -> list[tuple[str, str]]:
 def run_table(summary: dict[str, Any], *, per_task: bool = True) -> list[Table]:
     """The overall figures of one run and, if asked, one row per task."""
     overall = Table(title=f"run {summary.get('run', {}).get('run_id', '')}: "
-                    f"{run_label(summary)}")
+                    f"{escape(run_label(summary))}")
     overall.add_column("metric")
     overall.add_column("value", justify="right")
     for name, value in overall_rows(summary.get("overall", {})):
@@ -67,7 +68,8 @@ def run_table(summary: dict[str, Any], *, per_task: bool = True) -> list[Table]:
 def compare_tables(summaries: Sequence[dict[str, Any]],
                    paths: Sequence[Path]) -> list[Table]:
     """Runs side by side: overall figures, then resolved rate per task (tasks of any run)."""
-    labels = [run_label(s, p) for s, p in zip(summaries, paths, strict=True)]
+    # Escaped: "[dir]" would otherwise read as rich markup and vanish from the header.
+    labels = [escape(run_label(s, p)) for s, p in zip(summaries, paths, strict=True)]
     overall = Table(title="runs side by side")
     overall.add_column("metric")
     for label in labels:

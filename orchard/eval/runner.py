@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from orchard.env.client import OrchardError, SandboxClient
+from orchard.env.client import InvalidRequest, OrchardError, SandboxClient
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.eval.harness import Harness, HarnessError, Heartbeats, RolloutContext
 from orchard.eval.results import (
@@ -60,7 +60,9 @@ class RunConfig(BaseModel):
     memory: str = "2Gi"
     sandbox_grace: float = Field(600, ge=0, description="Seconds a rollout sandbox lives past "
                                  "the task's wall-time budget (set-up, patch reading).")
-    heartbeat_interval: float = Field(30, gt=0)
+    heartbeat_interval: float = Field(30, gt=0, description="Seconds between a live "
+                                      "sandbox's heartbeats; keep it well under the "
+                                      "orchestrator's heartbeat_timeout (180 s by default).")
     grade: bool = True
     run_id: str | None = None
     settings: dict[str, Any] = Field(default_factory=dict, description="What identifies the "
@@ -73,8 +75,8 @@ class RunMismatch(ValueError):
 
 def classify(exc: BaseException) -> FailureClass:
     """Environment failures are retried; everything else is the rollout's result."""
-    if isinstance(exc, TaskSetupError):
-        return "task"
+    if isinstance(exc, TaskSetupError | InvalidRequest):
+        return "task"  # the repository, pre_commands or image: the same on every retry
     if isinstance(exc, OrchardError | SandboxUnavailable):
         return "environment"
     if type(exc).__module__.split(".")[0] in ("litellm", "openai", "httpx", "httpcore"):

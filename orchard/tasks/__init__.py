@@ -4,7 +4,7 @@ and task-set validation."""
 
 from orchard.tasks.grading import Grade, grade
 from orchard.tasks.loaders import BUNDLED_DIR, TaskLoadError, load_task_dir, load_tasks
-from orchard.tasks.model import Budget, RepoSource, Task, patch_files
+from orchard.tasks.model import Budget, RepoSource, Task, file_diff, patch_files
 from orchard.tasks.validate import TaskCheck, validate_task, validate_tasks
 from orchard.tasks.workspace import TaskSetupError, open_task_sandbox, prepare_workspace
 
@@ -17,6 +17,7 @@ __all__ = [
     "TaskCheck",
     "TaskLoadError",
     "TaskSetupError",
+    "file_diff",
     "grade",
     "load_task_dir",
     "load_tasks",

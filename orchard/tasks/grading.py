@@ -72,8 +72,10 @@ def test_status(task: Task, log: str) -> dict[str, str]:
 
 
 def score(task: Task, log: str) -> tuple[list[str], list[str]]:
-    """The FAIL_TO_PASS and PASS_TO_PASS tests that did NOT pass, by SWE-bench's rules (a
-    missing or skipped F2P test fails; a skipped P2P test is kept)."""
+    """The FAIL_TO_PASS and PASS_TO_PASS tests that did NOT pass, by SWE-bench's rules: a
+    missing or skipped F2P test fails; a P2P test the log reports as skipped is kept, but
+    pytest's ``-rA`` summary does not name skipped tests, so there a skipped P2P test is
+    missing and fails (as in SWE-bench's own harness)."""
     from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS
     from swebench.harness.grading import get_eval_tests_report
 

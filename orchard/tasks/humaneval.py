@@ -8,25 +8,13 @@ solution there; the test patch adds ``test_solution.py``, which runs the problem
 
 from __future__ import annotations
 
-import difflib
 import functools
 
-from orchard.tasks.model import Budget, RepoSource, Task
+from orchard.tasks.model import Budget, RepoSource, Task, file_diff
 
 SOLUTION = "solution.py"
 TESTS = "test_solution.py"
 STUB_BODY = "    raise NotImplementedError\n"
-
-
-def file_diff(path: str, old: str | None, new: str) -> str:
-    """A git-style diff that turns ``old`` (None: no file) into ``new`` at ``path``."""
-    header = f"diff --git a/{path} b/{path}\n"
-    if old is None:
-        header += "new file mode 100644\n"
-    body = difflib.unified_diff((old or "").splitlines(keepends=True),
-                                new.splitlines(keepends=True),
-                                "/dev/null" if old is None else f"a/{path}", f"b/{path}")
-    return header + "".join(body)
 
 
 def _task(problem: dict[str, str]) -> Task:

@@ -9,6 +9,7 @@ nested ``{problem_statement, patch, metadata: {...}}`` rows of the reference pip
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -61,7 +62,8 @@ def load_tasks(source: str | Path | None = None, *, split: str | None = None,
         if missing:
             raise TaskLoadError(f"{name} has no task {', '.join(missing[:5])}; list them with "
                                 "`orchard tasks list`")
-        tasks = [by_id[i] for i in wanted]
+        keep = set(wanted)
+        tasks = [t for t in tasks if t.instance_id in keep]
     seen: set[str] = set()
     for t in tasks:
         if t.instance_id in seen:
@@ -125,7 +127,8 @@ def _load_saved_dataset(path: Path, split: str | None) -> list[Task]:
 
 
 def task_rows(rows: Iterable[Mapping[str, Any]], base: Path, where: str) -> list[Task]:
-    """Tasks from rows; ``source.path`` is resolved against ``base``."""
+    """Tasks from rows; a relative ``source.path`` is resolved against ``base`` (a task
+    file's directory, or a saved dataset's own directory)."""
     tasks = []
     for n, row in enumerate(rows, 1):
         if not isinstance(row, Mapping):
@@ -143,12 +146,23 @@ def _flatten(row: Mapping[str, Any]) -> dict[str, Any]:
     """A reference-pipeline row ``{problem_statement, patch, metadata: {...}}`` as flat
     fields; metadata keys that are not Task fields stay in ``metadata``."""
     out = {k: v for k, v in row.items() if v is not None}
+    if isinstance(out.get("source"), str):
+        with contextlib.suppress(json.JSONDecodeError):
+            out["source"] = json.loads(out["source"])
+    source = out.get("source")
+    if isinstance(source, Mapping) and isinstance(source.get("files"), Mapping):
+        # Arrow (Parquet, datasets) stores a mapping as a struct of every row's keys, filling
+        # the keys a row lacks with None: those are not files of this row.
+        out["source"] = {**source, "files": {k: v for k, v in source["files"].items()
+                                             if v is not None}}
     meta = out.get("metadata")
     if isinstance(meta, str):
         try:
             meta = json.loads(meta)
         except json.JSONDecodeError:
             meta = None
+    if isinstance(meta, Mapping):
+        meta = {k: v for k, v in meta.items() if v is not None}
     if isinstance(meta, Mapping):
         rest = {}
         for k, v in meta.items():

@@ -7,6 +7,7 @@ once it names an image and how its repository reaches ``workdir``.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from pathlib import Path
@@ -146,3 +147,14 @@ def patch_files(patch: str) -> list[str]:
     if not found:
         found = _PLAIN_HEADER.findall(patch)
     return list(dict.fromkeys(p for p in found if p != "/dev/null"))
+
+
+def file_diff(path: str, old: str | None, new: str) -> str:
+    """A git-style diff that turns ``old`` (None: no file) into ``new`` at ``path``."""
+    header = f"diff --git a/{path} b/{path}\n"
+    if old is None:
+        header += "new file mode 100644\n"
+    body = difflib.unified_diff((old or "").splitlines(keepends=True),
+                                new.splitlines(keepends=True),
+                                "/dev/null" if old is None else f"a/{path}", f"b/{path}")
+    return header + "".join(body)

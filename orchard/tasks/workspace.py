@@ -94,8 +94,11 @@ def _script(task: Task) -> str:
     lines = ["set -e"]
     if kind == "git_bundle":
         checkout = shlex.quote(task.base_commit) if task.base_commit else "HEAD"
-        lines += [f"rm -rf {w}", f"git clone -q {UPLOAD_PATH} {w}", f"cd {w}",
-                  f"git -c advice.detachedHead=false checkout -q {checkout}"]
+        # Cloned beside the workdir, whose directory may be a mount point and is our cwd.
+        lines += [f"mkdir -p {w}", "rm -rf /tmp/.orchard-clone",
+                  f"git clone -q --no-checkout {UPLOAD_PATH} /tmp/.orchard-clone",
+                  f"mv /tmp/.orchard-clone/.git {w}/.git", "rm -rf /tmp/.orchard-clone",
+                  f"cd {w}", f"git -c advice.detachedHead=false checkout -q -f {checkout}"]
     else:
         lines += [f"mkdir -p {w}", f"cd {w}"]
         if kind != "image":
