@@ -2,7 +2,8 @@
 
 Starts a private orchestrator (``SandboxClient.local()``), then shows exec, files, a patch,
 streaming, a timeout that kills a whole process tree, background processes and isolation,
-timing each step. Everything it creates is deleted when it ends.
+timing each step, and ends with an evaluation run (a harness on the bundled test tasks, graded
+in fresh sandboxes). Everything it creates is deleted when it ends.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchard import SandboxClient
+from orchard.eval.report import run_table
 
 PATCH = """\
 --- a/hello.py
@@ -29,6 +31,26 @@ PATCH = """\
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
+
+
+def _eval(client: SandboxClient, out: Path, rows: list[tuple[str, str, str]]) -> dict:
+    """The rollout pipeline end to end: mini-swe-agent driven by the scripted teacher model
+    (which solves half the tasks) through the recording proxy, on the bundled test split,
+    each patch graded in a fresh sandbox."""
+    from orchard.eval import RunConfig, TeacherHarness, evaluate
+    from orchard.tasks import load_tasks
+
+    tasks = load_tasks("bundled", split="test")
+    harness = TeacherHarness(tasks, solve=0.5)
+    t = time.perf_counter()
+    summary = evaluate(tasks, harness, out, client, config=RunConfig(out=out, concurrency=2))
+    took = time.perf_counter() - t
+    rate, intended = summary["overall"]["resolved_rate"], len(harness.solved) / len(tasks)
+    rows.append((f"eval: teacher via mini-swe-agent, {len(tasks)} bundled test tasks",
+                 "[green]ok[/]" if rate == intended else "[red]FAILED[/]",
+                 f"resolved {rate:.0%} (script solves {intended:.0%}), graded in fresh "
+                 f"sandboxes  ({_ms(took)})"))
+    return {"run": {"run_id": out.name, "harness": "teacher"}, **summary}
 
 
 def main() -> None:
@@ -109,6 +131,7 @@ def main() -> None:
             for s in sandboxes:
                 s.delete()
             sb.delete()
+            summary = _eval(client, Path(data) / "eval", rows)
 
     table = Table(title="Orchard Env demo (embedded, local backend)")
     for col in ("step", "result", "detail"):
@@ -116,6 +139,8 @@ def main() -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    for t in run_table(summary, per_task=False):
+        console.print(t)
     if any("FAILED" in r[1] for r in rows):
         raise SystemExit(1)
 
