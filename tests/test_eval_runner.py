@@ -100,6 +100,9 @@ def test_each_rollout_leaves_a_trace_joining_model_calls_and_sandbox_events(
         assert ("git apply" in commands) == (r.instance_id in harness.solved)
         sources = [s["source"] for s in trace["timeline"]]
         assert sources.count("model") == 2
+        # Tokens come from the proxy's record of every call.
+        assert r.n_tokens == sum(c["response"]["usage"]["total_tokens"]
+                                 for c in trace["model_calls"]) > 0
     # The recording proxy kept the calls token-exact, per rollout session.
     assert len(list((out / "calls").glob("*.jsonl"))) == len(harness.tasks)
 

@@ -254,6 +254,11 @@ class Runner:
             log.warning("no trace for %s: %s", result.rollout_id, e)
             return
         result.model_calls = len(trace.model_calls)
+        # The proxy saw every call, including ones the harness dropped (a reply that failed
+        # its format check never reaches the agent's own count).
+        spent = sum(int(((c.get("response") or {}).get("usage") or {}).get("total_tokens") or 0)
+                    for c in trace.model_calls)
+        result.n_tokens = max(result.n_tokens, spent)
         path = Path("traces") / f"{result.rollout_id}.json"
         (self.out / path).write_text(trace.model_dump_json(), encoding="utf-8")
         result.trace = str(path)
