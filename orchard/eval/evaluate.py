@@ -36,7 +36,7 @@ def make_harness(name: str, tasks: Sequence[Task], *, model_url: str | None = No
     if name == "oracle":
         return OracleHarness()
     if name == "teacher":
-        return TeacherHarness(tasks, solve=teacher_solve)
+        return TeacherHarness(tasks, solve=teacher_solve, config=config)
     if name == "mini-swe-agent":
         if not model_url or not model:
             raise ValueError("the mini-swe-agent harness needs --model-url (an OpenAI-"

@@ -223,8 +223,9 @@ class TeacherHarness(MiniSweAgentHarness):
 
     name = "teacher"
 
-    def __init__(self, tasks: Sequence[Task], solve: float | Sequence[str] = 1.0) -> None:
-        super().__init__("", "teacher")
+    def __init__(self, tasks: Sequence[Task], solve: float | Sequence[str] = 1.0, *,
+                 config: Mapping[str, Any] | None = None) -> None:
+        super().__init__("", "teacher", config=config)
         self.tasks = {t.instance_id: t for t in tasks}
         if isinstance(solve, float | int):
             ranked = sorted(self.tasks, key=_stable_rank)
@@ -245,7 +246,14 @@ class TeacherHarness(MiniSweAgentHarness):
 
         task = self._task_of(messages)
         turn = sum(1 for m in messages if m["role"] == "assistant")
-        if task.instance_id in self.solved:
+        scripts = task.metadata.get("teacher")
+        if scripts:
+            # The task set says how its teacher acts; failing tasks rotate through its
+            # failing scripts by the same stable rank.
+            fails = scripts["fail"]
+            script = (scripts["solve"] if task.instance_id in self.solved
+                      else fails[int(_stable_rank(task.instance_id), 16) % len(fails)])
+        elif task.instance_id in self.solved:
             script = [("I will apply the fix.",
                        f"git apply <<'ORCHARD_PATCH_EOF'\n{task.patch}ORCHARD_PATCH_EOF"),
                       ("The fix is in; submitting.", SUBMIT_COMMAND)]
