@@ -31,7 +31,8 @@ from orchard.tasks.model import Task
 
 def make_harness(name: str, tasks: Sequence[Task], *, model_url: str | None = None,
                  model: str | None = None, teacher_solve: float = 1.0,
-                 config: dict[str, Any] | None = None, token_ids: bool = True) -> Harness:
+                 config: dict[str, Any] | None = None, token_ids: bool = True,
+                 render_with: str | Path | None = None) -> Harness:
     """A bundled harness by name: ``oracle``, ``teacher`` or ``mini-swe-agent``."""
     if name == "oracle":
         return OracleHarness()
@@ -42,7 +43,8 @@ def make_harness(name: str, tasks: Sequence[Task], *, model_url: str | None = No
             raise ValueError("the mini-swe-agent harness needs --model-url (an OpenAI-"
                              "compatible server, e.g. http://127.0.0.1:8000) and --model "
                              "(the name it serves)")
-        return MiniSweAgentHarness(model_url, model, token_ids=token_ids, config=config)
+        return MiniSweAgentHarness(model_url, model, token_ids=token_ids, config=config,
+                                   render_with=render_with)
     raise ValueError(f"unknown harness {name!r}; choose one of {', '.join(HARNESSES)}")
 
 
@@ -64,7 +66,8 @@ def evaluate(tasks: Sequence[Task], harness: Harness, out: Path, client: Sandbox
             from orchard.serving import ThreadedServer
 
             proxy = ThreadedServer(create_proxy_app(ProxySettings(
-                upstreams=[harness.model_upstream], store=out / "calls")), name="orchard-proxy")
+                upstreams=[harness.model_upstream], store=out / "calls",
+                render_with=getattr(harness, "render_with", None))), name="orchard-proxy")
             proxy_url = proxy.start()
             stack.callback(proxy.stop)
         runner = Runner(config, tasks, harness, client, proxy_url=proxy_url,

@@ -179,11 +179,15 @@ class MiniSweAgentHarness:
     name = "mini-swe-agent"
 
     def __init__(self, model_url: str, model: str, *, token_ids: bool = True,
-                 config: Mapping[str, Any] | None = None) -> None:
+                 config: Mapping[str, Any] | None = None,
+                 render_with: str | Path | None = None) -> None:
         self.model_upstream: str | None = model_url
         self.model = model
         self.token_ids = token_ids
         self.config = dict(config or {})
+        self.render_with = render_with
+        """A tokenizer for the recording proxy to render chat with, for a model server that
+        only takes token-id prompts on /v1/completions (the policy server, vLLM)."""
 
     def run(self, ctx: RolloutContext) -> HarnessResult:
         from orchard.rollout.minisweagent import run_task

@@ -356,10 +356,20 @@ class BudgetedAgent(DefaultAgent):
     """DefaultAgent with a token budget beside its step, cost and wall-time limits: a
     self-hosted model has no cost, and its context is what runs out."""
 
-    def __init__(self, model: Any, env: Any, **kwargs: Any) -> None:
+    def __init__(self, model: Any, env: Any, *, history: Sequence[dict[str, Any]] = (),
+                 **kwargs: Any) -> None:
         super().__init__(model, env, config_class=BudgetedAgentConfig, **kwargs)
         self.n_tokens = 0  # spent over all calls
         self.context_tokens = 0  # held by the last call
+        self._history = [dict(m) for m in history]
+
+    def add_messages(self, *messages: dict) -> list[dict]:
+        # DefaultAgent.run always opens with its system and user messages; a continuation
+        # (Monte-Carlo value estimates branch a recorded rollout at a step) opens with the
+        # recorded conversation instead, so the model sees exactly what it saw then.
+        if self._history and not self.messages:
+            messages, self._history = tuple(self._history), []
+        return super().add_messages(*messages)
 
     def query(self) -> dict:
         limit = self.config.token_limit
@@ -408,6 +418,7 @@ def run_task(
     token_ids: bool = True,
     trajectory_path: Path | None = None,
     config_overrides: Mapping[str, Any] | None = None,
+    history: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Run mini-swe-agent's DefaultAgent on ``task`` in a sandbox; returns its result.
 
@@ -422,7 +433,9 @@ def run_task(
     written and ``setup_command`` is run (a failure raises RuntimeError); after it ends,
     ``eval_command`` is run and its ``{returncode, output}`` lands in ``result["eval"]``.
     ``config_overrides`` is merged over the config (keys ``agent``, ``model``,
-    ``environment``), as mini-swe-agent's ``-c key=value`` does.
+    ``environment``), as mini-swe-agent's ``-c key=value`` does. ``history`` (OpenAI-shaped
+    messages, system first) continues a recorded conversation instead of starting one: the
+    agent's first model call sees exactly those messages.
 
     The result: ``exit_status`` ("Submitted", "LimitsExceeded", ...), ``submission``,
     ``n_steps`` (model calls), ``n_tokens``, ``exec_seconds``, ``messages``, ``sandbox_id``,
@@ -465,7 +478,7 @@ def run_task(
                 raise RuntimeError(
                     f"the setup command failed in sandbox {env.sandbox_id} ({why}); fix it or "
                     f"the image. Its output ends:\n{done['output'][-2000:]}")
-        agent = BudgetedAgent(model, env, **agent_config)
+        agent = BudgetedAgent(model, env, history=history, **agent_config)
         info = agent.run(task)
         evaluation = None
         if eval_command is not None:

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from orchard.tasks.model import RepoSource, Task
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
-NAMED_SETS = ("bundled", "humaneval")
+NAMED_SETS = ("bundled", "humaneval", "settings")
 # The reference pipeline's metadata names for Task fields.
 _ALIASES = {"image_url": "image"}
 
@@ -33,9 +33,10 @@ class TaskLoadError(ValueError):
 def load_tasks(source: str | Path | None = None, *, split: str | None = None,
                ids: Iterable[str] | None = None) -> list[Task]:
     """Load a task set: ``None`` or ``"bundled"`` (the set shipped with Orchard),
-    ``"humaneval"``, or a path (.json, .jsonl, .parquet, a saved dataset, a task directory
-    or a directory of them). ``split`` keeps tasks of that split (a saved DatasetDict is
-    split by its own keys); ``ids`` keeps those instance ids, in the set's order."""
+    ``"humaneval"``, ``"settings"`` (the generated family of the training demo), or a path
+    (.json, .jsonl, .parquet, a saved dataset, a task directory or a directory of them).
+    ``split`` keeps tasks of that split (a saved DatasetDict is split by its own keys); ``ids``
+    keeps those instance ids, in the set's order."""
     name = str(source) if source is not None else "bundled"
     if name == "bundled":
         tasks = _load_task_dirs(BUNDLED_DIR)
@@ -43,6 +44,10 @@ def load_tasks(source: str | Path | None = None, *, split: str | None = None,
         from orchard.tasks.humaneval import humaneval_tasks
 
         tasks = humaneval_tasks()
+    elif name == "settings":
+        from orchard.tasks.family import settings_family
+
+        tasks = settings_family()
     else:
         path = Path(name).expanduser()
         if not path.exists():

@@ -1,0 +1,284 @@
+"""The whole pipeline on one machine: teacher trajectories -> credit-assignment SFT -> BAR RL ->
+held-out evaluation, with real sandboxes, the real harness and proxy, and real grading.
+
+Stages (each writes under ``out``):
+1. ``teacher/``: the scripted teacher through mini-swe-agent on the training tasks; it solves
+   a share of them, and on the others either breaks its own fix or makes a wrong one.
+2. ``values.jsonl``: Monte-Carlo value curves of the unresolved trajectories (replay to each
+   step, let a teacher that solves with probability ``mc_solve`` carry on ``mc_k`` times).
+3. ``sft.jsonl``: resolved trajectories whole, unresolved ones only inside rise segments.
+4. ``eval-base/``, ``eval-sft/``, ``eval-rl/``: the policy on the held-out tasks (``eval_n``
+   samples each) before training, after SFT, after SFT + RL; ``rl/``: the RL steps.
+5. ``results.json`` (per stage: resolved rate and pass@k on held-out tasks, seeds, wall
+   times) and ``learning_curve.png``.
+
+The policy is a tiny random-init Llama with the project's real BPE tokenizer, or any causal LM
+folder given as ``model`` (e.g. SmolLM2-135M-Instruct from ``orchard.recipes.models.
+smollm2_dir()``); only the model and its serving change.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orchard.env.client import SandboxClient
+from orchard.eval.evaluate import evaluate
+from orchard.eval.harness import MiniSweAgentHarness, TeacherHarness
+from orchard.eval.runner import RunConfig
+from orchard.recipes.bar import BARConfig
+from orchard.recipes.models import load_policy, tiny_llama
+from orchard.recipes.montecarlo import AgentContinuation, MonteCarloAnnotator
+from orchard.recipes.rl import RLConfig, train_rl
+from orchard.recipes.serving import PolicyServer
+from orchard.recipes.sft import SFTConfig, build_sft_dataset, save_examples, sft_train
+from orchard.recipes.trajectories import load_trajectories
+from orchard.rollout.minisweagent import config_from_specs
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.tasks.family import settings_family
+from orchard.tasks.model import Task
+
+COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
+
+
+@dataclass
+class DemoConfig:
+    n_train: int = 48
+    n_test: int = 16
+    seed: int = 0
+    teacher_solve: float = 0.6
+    mc_k: int = 2
+    """Continuations per key state."""
+    mc_solve: float = 0.5
+    """How often the continuation teacher solves from where it is handed over."""
+    mc_max: int = 10
+    """Unresolved trajectories to annotate (the rest are not trained on)."""
+    eps: float = 0.05
+    eval_n: int = 2
+    model: str | None = None
+    """A causal-LM folder; None: a tiny random-init Llama with the test tokenizer."""
+    tiny_hidden: int = 128
+    tiny_layers: int = 2
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(lr=2e-3, epochs=8, batch_size=8,
+                                                             warmup=10))
+    rl: RLConfig = field(default_factory=lambda: RLConfig(
+        steps=4, batch_prompts=4, bar=BARConfig(n=4, n_max=8, stride=4), lr=1e-4))
+    concurrency: int = 2
+    threads: int = 1
+    """torch intra-op threads."""
+
+
+def hedged_teacher(tasks: list[Task], solve: float, seed: int) -> Callable[..., Any]:
+    """A weak but not hopeless continuation policy, so that value estimates move when a step
+    helps or hurts: at each call it takes the task's next solving step with probability
+    ``solve``, and otherwise submits the workspace as it is."""
+    from orchard.rollout.teacher import Reply, ToolCall
+
+    by_statement = {t.problem_statement: t for t in tasks}
+    rng = random.Random(seed)
+
+    def policy(messages: list[dict[str, Any]], tools: Any) -> Reply:
+        first = next(str(m.get("content")) for m in messages if m["role"] == "user")
+        task = next(t for s, t in by_statement.items() if s in first)
+        script = task.metadata["teacher"]["solve"]
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        thought, command = (script[min(turn, len(script) - 1)] if rng.random() < solve
+                            else script[-1])
+        return Reply(content=thought, tool_calls=[ToolCall("bash", {"command": command})])
+
+    return policy
+
+
+def _stage_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
+    overall = summary["overall"]
+    return {"resolved_rate": overall["resolved_rate"], "pass_at_k": overall["pass_at_k"],
+            "rollouts": overall["rollouts"], "failures": overall.get("failures", {}),
+            "seconds": seconds}
+
+
+class Demo:
+    """The pipeline's stages as methods, so each can be read (and rerun) on its own."""
+
+    def __init__(self, out: Path, config: DemoConfig, client: SandboxClient,
+                 log: Callable[[str], None] = print) -> None:
+        self.out, self.config, self.client, self.log = out, config, client, log
+        self.tasks = settings_family(config.n_train, config.n_test, config.seed)
+        self.train = [t for t in self.tasks if t.split == "train"]
+        self.test = [t for t in self.tasks if t.split == "test"]
+        self.agent_config = config_from_specs([COMPACT_CONFIG])
+        self.results: dict[str, Any] = {"config": _jsonable(asdict(config)), "stages": {},
+                                        "seconds": {}}
+
+    def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
+        self.log(f"[{name}] ...")
+        started = time.monotonic()
+        value = fn()
+        self.results["seconds"][name] = round(time.monotonic() - started, 2)
+        self.log(f"[{name}] done in {self.results['seconds'][name]:.1f} s")
+        return value
+
+    def teacher(self) -> Path:
+        run = self.out / "teacher"
+        harness = TeacherHarness(self.train, solve=self.config.teacher_solve,
+                                 config=self.agent_config)
+        summary = evaluate(self.train, harness, run, self.client,
+                           config=RunConfig(out=run, concurrency=self.config.concurrency))
+        self.results["teacher"] = _stage_summary(summary, 0.0)
+        return run
+
+    def values(self, run: Path) -> dict[str, list[tuple[int, int]]]:
+        from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+
+        trajectories = [t for t in load_trajectories(run) if not t.resolved]
+        trajectories = trajectories[:self.config.mc_max]
+        policy = hedged_teacher(self.train, self.config.mc_solve, self.config.seed)
+        segments: dict[str, list[tuple[int, int]]] = {}
+        with TeacherServer(FunctionPolicy(policy), load_tokenizer(TEST_TOKENIZER),
+                           model_name="teacher") as server, \
+                (self.out / "values.jsonl").open("w", encoding="utf-8") as f:
+            continuation = AgentContinuation(self.client, f"{server.url}/v1", "teacher",
+                                             config=self.agent_config)
+            annotator = MonteCarloAnnotator(self.client, self.train, continuation,
+                                            k=self.config.mc_k)
+            for traj in trajectories:
+                curve = annotator.annotate(traj)
+                segments[traj.rollout_id] = curve.rise_segments(self.config.eps)
+                f.write(json.dumps({"rollout_id": traj.rollout_id, "values": curve.values,
+                                    "key_steps": curve.key_steps,
+                                    "rise_segments": segments[traj.rollout_id]}) + "\n")
+        self.results["values"] = {"annotated": len(trajectories),
+                                  "with_rise": sum(1 for s in segments.values() if s)}
+        return segments
+
+    def sft_data(self, run: Path, segments: dict[str, list[tuple[int, int]]], tokenizer: Any
+                 ) -> list[Any]:
+        examples, dropped = build_sft_dataset(load_trajectories(run), segments, tokenizer)
+        save_examples(examples, self.out / "sft.jsonl")
+        self.results["sft_data"] = {
+            "examples": len(examples), "resolved": sum(e.resolved for e in examples),
+            "from_rise_segments": sum(not e.resolved for e in examples),
+            "dropped": len(dropped),
+            "trained_tokens": sum(sum(e.loss_mask) for e in examples)}
+        return examples
+
+    def evaluate_policy(self, server: PolicyServer, name: str) -> dict[str, Any]:
+        run = self.out / f"eval-{name}"
+        harness = MiniSweAgentHarness(server.url or "", server.engine.model_name,
+                                      config=self.agent_config, render_with=self.tokenizer_dir)
+        started = time.monotonic()
+        summary = evaluate(self.test, harness, run, self.client,
+                           config=RunConfig(out=run, n=self.config.eval_n,
+                                            concurrency=self.config.concurrency))
+        stage = _stage_summary(summary, time.monotonic() - started)
+        self.results["stages"][name] = stage
+        self.log(f"  {name}: resolved {stage['resolved_rate']:.1%} of "
+                 f"{stage['rollouts']} held-out rollouts, pass@k {stage['pass_at_k']}")
+        return stage
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        # Sandboxes, the proxy and the harness share these cores with torch: more than one
+        # intra-op thread then costs far more in contention than it gains (a tiny model's
+        # decoding step: ~1 ms on one thread, ~50 ms on two under load).
+        torch.set_num_threads(cfg.threads)
+        if cfg.model is None:
+            self.tokenizer_dir: str | Path = TEST_TOKENIZER
+            tokenizer = load_tokenizer(TEST_TOKENIZER)
+            model = tiny_llama(tokenizer, hidden_size=cfg.tiny_hidden, layers=cfg.tiny_layers,
+                               max_positions=4096, seed=cfg.seed)
+        else:
+            self.tokenizer_dir = cfg.model
+            model, tokenizer = load_policy(cfg.model)
+        self.results["model"] = {"name": cfg.model or "tiny-llama (random init)",
+                                 "parameters": sum(p.numel() for p in model.parameters())}
+        run = self._timed("teacher", self.teacher)
+        segments = self._timed("values", lambda: self.values(run))
+        examples = self._timed("sft_data", lambda: self.sft_data(run, segments, tokenizer))
+        # The server holds its own copy: generation never sees weights mid-update.
+        served = _copy(model)
+        with PolicyServer(served, tokenizer, seed=cfg.seed) as server:
+            self._timed("eval_base", lambda: self.evaluate_policy(server, "base"))
+            sft_log = self._timed("sft", lambda: sft_train(model, examples, cfg.sft))
+            model.eval()
+            server.update(model)
+            self.results["sft"] = {"steps": len(sft_log), "first_loss": sft_log[0]["loss"],
+                                   "last_loss": sft_log[-1]["loss"],
+                                   "tokens_per_s": _median(m["tokens_per_s"] for m in sft_log)}
+            self._timed("eval_sft", lambda: self.evaluate_policy(server, "sft"))
+            rl_log = self._timed("rl", lambda: train_rl(
+                model, self.train, self.client, server, self.out / "rl", cfg.rl,
+                render_with=self.tokenizer_dir, agent_config=self.agent_config,
+                on_step=lambda r: self.log(
+                    f"  rl step {r['step']}: {r['groups']} groups, resolved "
+                    f"{r['resolved_rate']:.0%} of {r['rollouts']} rollouts, "
+                    f"{r['seconds']:.0f} s")))
+            self.results["rl"] = rl_log
+            self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"))
+        stages = self.results["stages"]
+        self.results["margin"] = {
+            "sft_rl_minus_base": stages["sft_rl"]["resolved_rate"]
+            - stages["base"]["resolved_rate"],
+            "sft_minus_base": stages["sft"]["resolved_rate"] - stages["base"]["resolved_rate"]}
+        self.results["seeds"] = {"tasks": cfg.seed, "model_init": cfg.seed,
+                                 "sft": cfg.sft.seed, "rl": cfg.rl.seed, "serving": cfg.seed}
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=2),
+                                               encoding="utf-8")
+        draw_learning_curve(sft_log, rl_log, stages, self.out / "learning_curve.png")
+        return self.results
+
+
+def _copy(model: torch.nn.Module) -> torch.nn.Module:
+    clone = type(model)(model.config)
+    clone.load_state_dict(model.state_dict())
+    return clone.to(next(model.parameters()).dtype).eval()
+
+
+def _median(values: Any) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def draw_learning_curve(sft_log: list[dict[str, Any]], rl_log: list[dict[str, Any]],
+                        stages: dict[str, Any], path: Path) -> None:
+    """SFT loss per step, the RL rollouts' resolved rate per step, and held-out resolved rate
+    per stage, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.6))
+    a.plot([m["step"] for m in sft_log], [m["loss"] for m in sft_log])
+    a.set(title="SFT: masked loss", xlabel="step", ylabel="loss")
+    b.plot([r["step"] for r in rl_log], [r["resolved_rate"] for r in rl_log], marker="o")
+    b.set(title="RL: resolved rate of sampled rollouts", xlabel="step", ylim=(0, 1))
+    names = list(stages)
+    c.bar(names, [stages[n]["resolved_rate"] for n in names], color="#4c72b0")
+    c.set(title="held-out tasks: resolved rate", ylim=(0, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_demo(out: Path, config: DemoConfig | None = None, *,
+             client: SandboxClient | None = None,
+             log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the pipeline into ``out`` (embedded orchestrator unless ``client`` is given)."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = config or DemoConfig()
+    if client is not None:
+        return Demo(out, config, client, log).run()
+    with SandboxClient.local() as local:
+        return Demo(out, config, local, log).run()

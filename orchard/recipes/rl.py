@@ -1,0 +1,230 @@
+"""Balanced Adaptive Rollout RL: GRPO on balanced groups of real rollouts.
+
+One step, top to bottom:
+1. For prompts (tasks) in a shuffled order, sample rollouts of the served policy through the
+   real harness, the recording proxy, sandboxes and fresh-sandbox grading, ``stride`` at a
+   time, until BAR assembles a group (``bar_group``); drop groups the filter rejects and take
+   the next prompt instead, until ``batch_prompts`` groups are kept (``fill_batch``).
+2. Each rollout's reward (+1 resolved, else -1) becomes a GRPO advantage within its group.
+3. The proxy recorded every model call token for token; each rollout becomes one or more
+   samples (``build_samples``): the policy's own tokens (mask 1, with the log-probs it sampled
+   them with) inside the context it saw (mask 0).
+4. One PPO-clip update over all samples (gradient accumulated over micro-batches, the loss a
+   mean over every trained token of the batch), then the new weights go to the server.
+
+    history = train_rl(model, tokenizer, tasks, client, server, out, RLConfig(steps=4),
+                       agent_config=config)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orchard.env.client import SandboxClient
+from orchard.eval.evaluate import evaluate
+from orchard.eval.harness import MiniSweAgentHarness
+from orchard.eval.results import RolloutResult
+from orchard.eval.runner import RunConfig
+from orchard.recipes.bar import (
+    BARConfig,
+    GroupResult,
+    Rollout,
+    bar_group,
+    fill_batch,
+    filter_group,
+    grpo_advantages,
+)
+from orchard.recipes.loss import ppo_clip_loss, shift, token_logprobs
+from orchard.recipes.serving import PolicyServer
+from orchard.rollout.samples import Sample, build_samples
+from orchard.tasks.model import Task
+
+# How a harness's exit maps to BAR's statuses; a rollout that failed (environment, model,
+# harness) is aborted.
+_STATUS = {"Submitted": "completed", "LimitsExceeded": "truncated",
+           "TimeExceeded": "time_exceeded"}
+
+
+@dataclass
+class RLConfig:
+    steps: int = 4
+    batch_prompts: int = 4
+    """Groups per step (the rollout batch, in prompts)."""
+    bar: BARConfig = field(default_factory=lambda: BARConfig(n=4, n_max=8, stride=4))
+    lr: float = 1e-4
+    """The reference uses 1e-6 for a 35B model; a tiny random-init model needs far more."""
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    entropy_coef: float = 1e-4
+    micro_batch: int = 4
+    grad_clip: float = 1.0
+    concurrency: int = 2
+    """Rollouts at once within a group's round."""
+    seed: int = 0
+
+
+def rollout_status(result: RolloutResult) -> str:
+    if result.failure is not None:
+        return "aborted"
+    return _STATUS.get(result.exit_status, "completed")
+
+
+class PolicySampler:
+    """``sampler(task, k)``: k new rollouts of ``task`` by the policy behind ``harness``, each
+    graded; a rollout's payload is (its RolloutResult, its training samples)."""
+
+    def __init__(self, client: SandboxClient, harness: MiniSweAgentHarness, out: Path, *,
+                 concurrency: int = 2) -> None:
+        self.client, self.harness, self.out, self.concurrency = client, harness, out, concurrency
+        self.rounds = 0
+
+    def __call__(self, task: Task, k: int) -> list[Rollout]:
+        self.rounds += 1
+        out = self.out / f"round-{self.rounds:04d}"
+        results: list[RolloutResult] = []
+        evaluate([task], self.harness, out, self.client,
+                 config=RunConfig(out=out, n=k, concurrency=self.concurrency,
+                                  max_attempts=2),
+                 on_result=results.append)
+        return [Rollout(reward=r.reward if r.grade is not None else None,
+                        status=rollout_status(r), payload=(r, self._samples(out, r)))
+                for r in sorted(results, key=lambda r: r.sample)]
+
+    @staticmethod
+    def _samples(out: Path, result: RolloutResult) -> list[Sample]:
+        path = out / "calls" / f"{result.rollout_id}.jsonl"
+        if not path.exists():
+            return []
+        calls = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+                 if line.strip()]
+        return build_samples(result.rollout_id, calls)[0]
+
+
+def _batch(samples: Sequence[tuple[Sample, float]], pad_id: int
+           ) -> dict[str, torch.Tensor]:
+    width = max(len(s.input_ids) for s, _ in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    mask = torch.zeros((len(samples), width), dtype=torch.bool)
+    old = torch.zeros((len(samples), width), dtype=torch.float32)
+    for i, (s, _) in enumerate(samples):
+        n = len(s.input_ids)
+        ids[i, :n] = torch.tensor(s.input_ids)
+        attention[i, :n] = 1
+        # A trained token needs the log-prob it was sampled with: without one there is no
+        # importance ratio, so it is left out rather than guessed.
+        mask[i, :n] = torch.tensor([m == 1 and lp is not None
+                                    for m, lp in zip(s.loss_mask, s.logprobs, strict=True)])
+        old[i, :n] = torch.tensor([lp if lp is not None else 0.0 for lp in s.logprobs])
+    return {"input_ids": ids, "attention_mask": attention, "mask": mask, "old": old,
+            "advantages": torch.tensor([a for _, a in samples], dtype=torch.float32)}
+
+
+def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  samples: Sequence[tuple[Sample, float]], config: RLConfig, pad_id: int
+                  ) -> dict[str, float]:
+    """One PPO-clip step over (sample, advantage) pairs; the stats, token-weighted."""
+    trained = [(s, a) for s, a in samples
+               if any(m == 1 and lp is not None for m, lp in zip(s.loss_mask, s.logprobs,
+                                                                 strict=True))]
+    if not trained:
+        raise ValueError("no sample has a trained token with a log-prob: did the model server "
+                         "return token ids and log-probs (return_token_ids, logprobs)?")
+    total = sum(sum(m == 1 and lp is not None for m, lp in zip(s.loss_mask, s.logprobs,
+                                                                strict=True))
+                for s, _ in trained)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    sums: dict[str, float] = {}
+    for i in range(0, len(trained), config.micro_batch):
+        part = trained[i:i + config.micro_batch]
+        b = _batch(part, pad_id)
+        logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"])
+        mask = shift(b["mask"])
+        loss, stats = ppo_clip_loss(
+            logprobs, shift(b["old"]), b["advantages"], mask, clip_low=config.clip_low,
+            clip_high=config.clip_high, entropy=entropy, entropy_coef=config.entropy_coef,
+            num_tokens=total)
+        loss.backward()
+        weight = mask.sum().item() / total
+        for key, value in {"loss": loss.item() / weight, **stats}.items():
+            sums[key] = sums.get(key, 0.0) + value * weight
+    sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                             config.grad_clip))
+    optimizer.step()
+    model.eval()
+    sums["tokens"] = float(total)
+    return sums
+
+
+def train_rl(model: torch.nn.Module, tasks: Sequence[Task], client: SandboxClient,
+             server: PolicyServer, out: Path, config: RLConfig, *, render_with: str | Path,
+             agent_config: Mapping[str, Any] | None = None,
+             on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """``config.steps`` BAR RL steps on ``tasks``; ``server`` serves ``model`` and gets its new
+    weights after each step. Returns one record per step (also appended to out/rl.jsonl)."""
+    if not tasks:
+        raise ValueError("RL needs at least one task")
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(config.seed)
+    pad_id = getattr(model.config, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = model.config.eos_token_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
+    harness = MiniSweAgentHarness(server.url, server.engine.model_name,
+                                  config=agent_config, render_with=render_with)
+    history: list[dict[str, Any]] = []
+    for step in range(config.steps):
+        started = time.monotonic()
+        sampler = PolicySampler(client, harness, out / f"step-{step:03d}",
+                                concurrency=config.concurrency)
+        built: list[GroupResult] = []
+
+        def make_group(task: Task, sampler: PolicySampler = sampler,
+                       built: list[GroupResult] = built) -> list[Rollout]:
+            result = bar_group(lambda k: sampler(task, k), config.bar)
+            built.append(result)
+            return result.group
+
+        # Over-sampling: every task, shuffled, so dropped groups are replaced by fresh prompts.
+        prompts = rng.sample(list(tasks), len(tasks))
+        kept, dropped = fill_batch(prompts, make_group, config.batch_prompts, filter_group)
+        rollout_seconds = time.monotonic() - started
+        pairs = [(sample, advantage)
+                 for _, group in kept
+                 for rollout, advantage in zip(group, grpo_advantages([r.reward for r in group]),
+                                               strict=True)
+                 for sample in rollout.payload[1]]
+        record: dict[str, Any] = {
+            "step": step, "groups": len(kept), "dropped": [reason for _, reason in dropped],
+            "modes": [g.mode for g in built],
+            "rollouts": sum(len(g.pool) for g in built),
+            "resolved_rate": (sum(r.reward is not None and r.reward > 0
+                                  for g in built for r in g.pool)
+                              / max(1, sum(len(g.pool) for g in built))),
+            "rollout_seconds": rollout_seconds, "samples": len(pairs)}
+        if pairs:
+            t0 = time.monotonic()
+            record.update(policy_update(model, optimizer, pairs, config, pad_id))
+            record["train_seconds"] = time.monotonic() - t0
+            record["weights_version"] = server.update(model)
+        else:
+            record["train_seconds"] = 0.0  # every group was dropped: nothing to learn from
+        record["seconds"] = time.monotonic() - started
+        history.append(record)
+        with (out / "rl.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if on_step is not None:
+            on_step(record)
+    return history
+
+
+__all__ = ["PolicySampler", "RLConfig", "policy_update", "rollout_status", "train_rl"]

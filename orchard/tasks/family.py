@@ -1,0 +1,92 @@
+"""A generated task family small enough for a tiny policy to learn on a CPU in minutes.
+
+Each task is a one-module repository, ``settings.py``, holding a few constants; the issue says
+which constant has the wrong value and what it must be. The tests check every constant: the
+wrong one FAIL_TO_PASS, the others PASS_TO_PASS (so a fix that breaks a neighbour fails). The
+instances differ in which constants exist, their values, and which one is wrong; the test split
+is drawn from a different seed, so held-out tasks are new combinations of familiar names.
+
+Every task carries scripts for the scripted teacher (``metadata["teacher"]``): a solving one
+(look, fix with sed, submit), and two failing ones — a fix followed by a breaking edit (a
+rising then falling trajectory: what credit assignment learns from) and a wrong fix.
+"""
+
+from __future__ import annotations
+
+import random
+
+from orchard.tasks.model import Budget, RepoSource, Task, file_diff
+
+MODULE = "settings.py"
+TESTS = "test_settings.py"
+NAMES = ("TIMEOUT", "RETRIES", "PORT", "WORKERS", "BATCH", "LIMIT", "DEPTH", "WIDTH",
+         "QUEUE", "CACHE", "THREADS", "BUFFER")
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+CONSTANTS_PER_TASK = 4
+
+
+def _module(values: dict[str, int]) -> str:
+    return '"""Service settings."""\n' + "".join(f"{k} = {v}\n" for k, v in values.items())
+
+
+def _tests(values: dict[str, int]) -> str:
+    body = "import settings\n"
+    for k, v in values.items():
+        body += f"\n\ndef test_{k.lower()}():\n    assert settings.{k} == {v}\n"
+    return body
+
+
+def _sed(name: str, value: int) -> str:
+    return f"sed -i 's/^{name} = .*/{name} = {value}/' {MODULE}"
+
+
+def _task(rng: random.Random, index: int, split: str) -> Task:
+    names = rng.sample(NAMES, CONSTANTS_PER_TASK)
+    right = {k: rng.randint(2, 99) for k in names}
+    wrong_name = rng.choice(names)
+    wrong = dict(right)
+    while wrong[wrong_name] == right[wrong_name]:
+        wrong[wrong_name] = rng.randint(2, 99)
+    new = right[wrong_name]
+    other = rng.choice([k for k in names if k != wrong_name])
+    off_by = rng.choice([v for v in range(2, 99) if v != new])
+    look = ("Let me read the settings.", f"cat {MODULE}")
+    fix = (f"{wrong_name} must be {new}.", _sed(wrong_name, new))
+    done = ("Fixed; submitting.", SUBMIT)
+    teacher = {
+        "solve": [look, fix, done],
+        "fail": [
+            [look, fix, (f"{other} should change too.", _sed(other, right[other] + 1)), done],
+            [look, (f"{wrong_name} must be {off_by}.", _sed(wrong_name, off_by)), done],
+        ],
+    }
+    tests = [f"{TESTS}::test_{k.lower()}" for k in names]
+    f2p = f"{TESTS}::test_{wrong_name.lower()}"
+    return Task(
+        instance_id=f"settings-{split}-{index:03d}", repo="orchard/settings-family",
+        version="1", problem_statement=f"{wrong_name} in {MODULE} should be {new}.",
+        patch=file_diff(MODULE, _module(wrong), _module(right)),
+        test_patch=file_diff(TESTS, None, _tests(right)),
+        FAIL_TO_PASS=[f2p], PASS_TO_PASS=[t for t in tests if t != f2p],
+        source=RepoSource(kind="files", files={MODULE: _module(wrong),
+                                               ".gitignore": "__pycache__/\n*.pyc\n"}),
+        test_command=f"python3 -m pytest -rA -p no:cacheprovider {TESTS}",
+        test_timeout=60, budget=Budget(steps=6, wall_time=120, tokens=4096),
+        split=split, metadata={"family": "settings", "teacher": teacher})
+
+
+def settings_family(n_train: int = 48, n_test: int = 16, seed: int = 0) -> list[Task]:
+    """``n_train`` training and ``n_test`` held-out tasks; the same seed gives the same set."""
+    if n_train < 0 or n_test < 0:
+        raise ValueError("task counts must be >= 0")
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for split, n in (("train", n_train), ("test", n_test)):
+        rng = random.Random(f"{seed}-{split}")
+        while len(tasks) < n + (n_train if split == "test" else 0):
+            task = _task(rng, len(tasks) - (n_train if split == "test" else 0), split)
+            # A statement names its task (the teacher finds its script by it): keep them unique.
+            if task.problem_statement not in seen:
+                seen.add(task.problem_statement)
+                tasks.append(task)
+    return tasks

@@ -1,0 +1,179 @@
+"""The recipes on real rollouts: Monte-Carlo value curves from replayed sandboxes, the SFT
+dataset they select, token-exact RL samples from the served policy, and the demo end to end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchard.env.client import SandboxClient
+from orchard.eval import RunConfig, TeacherHarness, evaluate
+from orchard.eval.harness import MiniSweAgentHarness, _stable_rank
+from orchard.recipes.bar import BARConfig
+from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig, hedged_teacher, run_demo
+from orchard.recipes.loss import token_logprobs
+from orchard.recipes.models import tiny_llama
+from orchard.recipes.montecarlo import AgentContinuation, MonteCarloAnnotator
+from orchard.recipes.rl import PolicySampler, RLConfig, policy_update
+from orchard.recipes.serving import PolicyServer
+from orchard.recipes.sft import SFTConfig, build_sft_dataset
+from orchard.recipes.trajectories import Trajectory, load_trajectories
+from orchard.rollout.minisweagent import config_from_specs
+from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.tasks.family import settings_family
+from orchard.tasks.model import Task
+from tests.conftest import needs_root
+
+pytestmark = needs_root
+
+
+@pytest.fixture(scope="module")
+def client(orchestrator: str) -> Iterator[SandboxClient]:
+    with SandboxClient(orchestrator) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def agent_config() -> dict:
+    return config_from_specs([COMPACT_CONFIG])
+
+
+@pytest.fixture(scope="module")
+def family() -> list[Task]:
+    return settings_family(n_train=8, n_test=0, seed=3)
+
+
+def _fails_by_breaking(task: Task) -> bool:
+    # The teacher harness picks a failing task's script by its stable rank (0: fix then break).
+    return int(_stable_rank(task.instance_id), 16) % 2 == 0
+
+
+@pytest.fixture(scope="module")
+def teacher_run(client: SandboxClient, family: list[Task], agent_config: dict,
+                tmp_path_factory: pytest.TempPathFactory) -> dict[str, Trajectory]:
+    """One solved task, one that the teacher fixes then breaks, one it fixes wrongly."""
+    solved = family[0]
+    broken = next(t for t in family[1:] if _fails_by_breaking(t))
+    wrong = next(t for t in family[1:] if not _fails_by_breaking(t))
+    tasks = [solved, broken, wrong]
+    out = tmp_path_factory.mktemp("teacher")
+    evaluate(tasks, TeacherHarness(tasks, solve=[solved.instance_id], config=agent_config),
+             out, client, config=RunConfig(out=out))
+    by_task = {t.instance_id: t for t in load_trajectories(out)}
+    return {"solved": by_task[solved.instance_id], "broken": by_task[broken.instance_id],
+            "wrong": by_task[wrong.instance_id]}
+
+
+def _annotator(client: SandboxClient, family: list[Task], server: TeacherServer,
+               agent_config: dict) -> MonteCarloAnnotator:
+    continuation = AgentContinuation(client, f"{server.url}/v1", "teacher", config=agent_config)
+    return MonteCarloAnnotator(client, family, continuation, k=1)
+
+
+@pytest.mark.parametrize("solve", [0.0, 1.0])
+def test_monte_carlo_values_follow_the_restored_state(
+        client: SandboxClient, family: list[Task], teacher_run: dict[str, Trajectory],
+        agent_config: dict, solve: float) -> None:
+    # solve=0: the continuation submits the workspace as it is, so V(s_t) says exactly whether
+    # the replayed state at step t is already fixed; solve=1: it finishes the solving script.
+    policy = hedged_teacher(family, solve, seed=0)
+    with TeacherServer(FunctionPolicy(policy), load_tokenizer(TEST_TOKENIZER),
+                       model_name="teacher") as server:
+        annotator = _annotator(client, family, server, agent_config)
+        curves = {name: annotator.annotate(traj) for name, traj in teacher_run.items()}
+    # Steps: look, fix, submit | look, fix, break, submit | look, wrong fix, submit.
+    if solve == 0.0:
+        assert curves["solved"].values == [0, 0, 1, 1]
+        assert curves["broken"].values == [0, 0, 1, 0, 0]
+        assert curves["wrong"].values == [0, 0, 0, 0]
+        assert curves["broken"].rise_segments(0.05) == [(1, 2)]
+        assert curves["wrong"].rise_segments(0.05) == []
+    else:
+        assert curves["solved"].values == [1, 1, 1, 1]
+        assert curves["broken"].values == [1, 1, 1, 0, 0]
+        # After a wrong fix the solving script's next step is to submit: the state is lost.
+        assert curves["wrong"].values == [1, 1, 0, 0]
+        assert curves["broken"].rise_segments(0.05) == []
+    assert all(c.source == "monte_carlo" for c in curves.values())
+    leftovers = [s for s in client.list_sandboxes() if "orchard.dev/mc-of" in s.labels]
+    assert leftovers == []
+
+
+def test_sft_dataset_trains_resolved_whole_and_unresolved_only_on_rises(
+        teacher_run: dict[str, Trajectory]) -> None:
+    tokenizer = load_tokenizer(TEST_TOKENIZER)
+    segments = {teacher_run["broken"].rollout_id: [(1, 2)],
+                teacher_run["wrong"].rollout_id: []}
+    examples, dropped = build_sft_dataset(teacher_run.values(), segments, tokenizer)
+    by_id = {e.rollout_id: e for e in examples}
+    assert by_id[teacher_run["solved"].rollout_id].trained_steps == [0, 1, 2]
+    assert by_id[teacher_run["broken"].rollout_id].trained_steps == [1]
+    assert "nothing to train" in dropped[teacher_run["wrong"].rollout_id]
+    # The one trained turn of the broken trajectory is its fix, and nothing else.
+    broken = by_id[teacher_run["broken"].rollout_id]
+    trained = tokenizer.decode([t for t, m in zip(broken.input_ids, broken.loss_mask,
+                                                  strict=True) if m])
+    assert "sed -i" in trained and "should change too" not in trained
+    assert "cat settings.py" not in trained
+
+
+def test_rl_samples_are_token_exact_and_an_update_moves_the_policy(
+        client: SandboxClient, family: list[Task], agent_config: dict,
+        tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer(TEST_TOKENIZER)
+    model = tiny_llama(tokenizer, hidden_size=64, layers=2, max_positions=4096, seed=0)
+    served = tiny_llama(tokenizer, hidden_size=64, layers=2, max_positions=4096, seed=0)
+    with PolicyServer(served, tokenizer, seed=0) as server:
+        harness = MiniSweAgentHarness(server.url, "policy", config=agent_config,
+                                      render_with=TEST_TOKENIZER)
+        rollouts = PolicySampler(client, harness, tmp_path)(family[0], 2)
+    samples = [s for r in rollouts for s in r.payload[1]]
+    assert len(rollouts) == 2 and samples
+    assert all(r.reward == -1.0 and r.status == "completed" for r in rollouts)
+    # Every token the policy produced carries the log-prob it was sampled with, and those are
+    # what the trainer computes for the same tokens: on-policy, the first ratio is 1.
+    for s in samples:
+        assert all(lp is not None for m, lp in zip(s.loss_mask, s.logprobs, strict=True) if m)
+    config = RLConfig(lr=1e-2)
+
+    def likelihood() -> float:
+        with torch.no_grad():
+            total = 0.0
+            for s in samples:
+                lp, _ = token_logprobs(model, torch.tensor([s.input_ids]))
+                total += sum(v for v, m in zip(lp[0].tolist(), s.loss_mask[1:], strict=True)
+                             if m)
+            return total
+
+    before = likelihood()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    stats = policy_update(model, optimizer, [(s, 1.0) for s in samples], config,
+                          tokenizer.pad_token_id or tokenizer.eos_token_id)
+    assert abs(stats["ratio_mean"] - 1) < 1e-3 and abs(stats["approx_kl"]) < 1e-4
+    assert stats["tokens"] == sum(sum(s.loss_mask) for s in samples)
+    assert likelihood() > before  # a positive advantage makes those tokens more likely
+
+
+def test_demo_end_to_end(client: SandboxClient, tmp_path: Path) -> None:
+    config = DemoConfig(
+        n_train=6, n_test=2, mc_max=1, mc_k=1, eval_n=1, tiny_hidden=64,
+        sft=SFTConfig(epochs=1, batch_size=4, warmup=1),
+        rl=RLConfig(steps=1, batch_prompts=1, bar=BARConfig(n=2, n_max=2, stride=2)))
+    results = run_demo(tmp_path, config, client=client, log=lambda _: None)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["stages"].keys() == {"base", "sft", "sft_rl"}
+    for stage in saved["stages"].values():
+        assert stage["rollouts"] == 2 and 0 <= stage["resolved_rate"] <= 1
+        assert set(stage["pass_at_k"]) == {"1"}
+    assert saved["margin"]["sft_rl_minus_base"] == pytest.approx(
+        saved["stages"]["sft_rl"]["resolved_rate"] - saved["stages"]["base"]["resolved_rate"])
+    assert saved["sft_data"]["examples"] >= 1 and saved["sft"]["steps"] >= 1
+    assert len(saved["rl"]) == 1 and results["seeds"]["rl"] == 0
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert client.list_sandboxes() == []
