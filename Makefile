@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux redis-server python3-pytest
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint bench validate-manifests clean
+.PHONY: setup system-deps demo tour test lint bench validate-manifests clean
 
 setup: system-deps $(STAMP)
 
@@ -26,7 +26,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
+# The main job: the training pipeline end to end (see docs/guides/recipes.md).
 demo: setup
+	$(VENV)/bin/orchard demo --out runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+# A tour of the sandbox service alone (exec, files, patches, streaming, isolation, an eval).
+tour: setup
 	$(PY) -m orchard.env.demo
 
 lint: setup

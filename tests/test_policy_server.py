@@ -42,7 +42,7 @@ def tok() -> PreTrainedTokenizerFast:
 
 @pytest.fixture(scope="module")
 def model(tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    return tiny_llama(tok)
+    return tiny_llama(tok, max_positions=2048)
 
 
 @pytest.fixture(scope="module")

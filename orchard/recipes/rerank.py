@@ -1,0 +1,361 @@
+"""Value-model reranking (best-of-N): a scalar head on a small backbone, trained on graded
+rollouts of earlier runs to predict P(resolved) from a candidate's text, then used to pick one
+of N candidates per task. The report sets the value pick against a random pick (its exact
+expectation) and an oracle pick (any candidate resolved).
+
+A candidate's text is the problem statement, optionally the agent's actions (one line per
+assistant turn), and the final patch, last, under :data:`PATCH_HEADER`; when it is too long,
+the model keeps the patch and cuts the middle of what comes before it.
+
+    model = ValueModel.from_pretrained(smollm2_dir())
+    model.train(training_examples(["runs/a", "runs/b"], tasks, text_of="both"))
+    console.print(report_table(rerank_run("runs/c", tasks, model, text_of="both")))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Any, Literal, get_args
+
+import torch
+import torch.nn.functional as F
+from rich.table import Table
+from transformers import (
+    AutoModelForSequenceClassification,
+    LlamaConfig,
+    LlamaForSequenceClassification,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
+
+from orchard.eval.results import RolloutResult, read_results
+from orchard.recipes.trajectories import Trajectory, from_result
+from orchard.rollout.tokenizer import load_tokenizer
+from orchard.tasks.model import Task
+
+TextOf = Literal["patch", "trajectory", "both"]
+PATCH_HEADER = "\n\n## Final patch\n"
+ACTION_CHARS = 200
+CONFIG_FILE = "value_model.json"
+
+
+# --- candidate texts ----------------------------------------------------------------------------
+
+def action_summary(trajectory: Trajectory, *, chars: int = ACTION_CHARS) -> str:
+    """One line per assistant turn: its tool calls as ``name(arguments)``, else its text,
+    each cut to ``chars`` characters."""
+    lines = []
+    for t, i in enumerate(trajectory.steps, 1):
+        message = trajectory.messages[i]
+        calls = [f"{c['function']['name']}({c['function']['arguments']})"
+                 for c in message.get("tool_calls") or []]
+        action = " ".join(" ".join(calls or [message.get("content") or ""]).split())
+        lines.append(f"{t}. {action[:chars]}")
+    return "\n".join(lines)
+
+
+def candidate_text(task: Task, result: RolloutResult, run_dir: str | Path | None = None, *,
+                   text_of: TextOf = "patch") -> str:
+    """The text the value model scores: problem statement, then (``trajectory``/``both``) the
+    actions when the rollout has a readable trace in ``run_dir``, then (``patch``/``both``)
+    the final patch under :data:`PATCH_HEADER`."""
+    if text_of not in get_args(TextOf):
+        raise ValueError(f"text_of must be one of {get_args(TextOf)}, not {text_of!r}")
+    if result.instance_id != task.instance_id:
+        raise ValueError(f"rollout {result.rollout_id} is of task {result.instance_id}, "
+                         f"not {task.instance_id}")
+    text = f"## Problem\n{task.problem_statement.strip()}"
+    if text_of != "patch" and result.trace is not None and run_dir is not None:
+        try:
+            actions = action_summary(from_result(result, Path(run_dir)))
+        except (ValueError, OSError):
+            actions = ""  # no conversation to summarise: the rest still says something
+        if actions:
+            text += f"\n\n## Actions\n{actions}"
+    if text_of != "trajectory":
+        text += PATCH_HEADER + (result.patch.strip() or "(empty)")
+    return text
+
+
+def _task_map(tasks: Iterable[Task]) -> dict[str, Task]:
+    return {t.instance_id: t for t in tasks}
+
+
+def _graded(results: Iterable[RolloutResult], by_id: Mapping[str, Task],
+            run_dir: Path) -> list[RolloutResult]:
+    """Rollouts whose outcome is known: a grading failure says nothing about the patch."""
+    kept = [r for r in results if not (r.failure and r.failure.cls == "grading")]
+    missing = sorted({r.instance_id for r in kept} - set(by_id))
+    if missing:
+        raise ValueError(f"{run_dir} has rollouts of {len(missing)} task(s) not among the "
+                         f"tasks given ({', '.join(missing[:5])}): load the task set that "
+                         "run used")
+    return kept
+
+
+def training_examples(run_dirs: Iterable[str | Path], tasks: Iterable[Task],
+                      text_of: TextOf = "patch") -> list[tuple[str, bool]]:
+    """(text, resolved) for every graded rollout of the runs in ``run_dirs``."""
+    by_id = _task_map(tasks)
+    examples = []
+    for run_dir in map(Path, run_dirs):
+        results = read_results(run_dir)
+        if not results:
+            raise FileNotFoundError(f"{run_dir} holds no rollouts: is it the --out of an "
+                                    "`orchard eval` run?")
+        examples += [(candidate_text(by_id[r.instance_id], r, run_dir, text_of=text_of),
+                      r.resolved) for r in _graded(results, by_id, run_dir)]
+    return examples
+
+
+# --- the value model ----------------------------------------------------------------------------
+
+@dataclass
+class ValueModelConfig:
+    max_tokens: int = 1024
+    lr: float = 1e-5
+    epochs: int = 2
+    batch_size: int = 8
+    seed: int = 0
+    hidden_size: int = 64
+    """Backbone width of :meth:`ValueModel.tiny` (a multiple of 16: heads of 16)."""
+    layers: int = 2
+    """Backbone depth of :meth:`ValueModel.tiny`."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "epochs", "batch_size", "hidden_size", "layers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ValueModelConfig.{name} must be positive, "
+                                 f"not {getattr(self, name)}")
+        if self.hidden_size % 16:
+            raise ValueError(f"ValueModelConfig.hidden_size must be a multiple of 16, "
+                             f"not {self.hidden_size}")
+        if not self.lr > 0:
+            raise ValueError(f"ValueModelConfig.lr must be positive, not {self.lr}")
+
+
+class ValueModel:
+    """A sequence-classification model with one logit, read as P(resolved) through a
+    sigmoid; it pools the last non-pad token, so inputs are right-padded with the pad id."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
+                 config: ValueModelConfig) -> None:
+        if model.config.num_labels != 1:
+            raise ValueError(f"a value model has one output, this one has "
+                             f"{model.config.num_labels}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token first")
+        model.config.pad_token_id = tokenizer.pad_token_id
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        self.config = config
+
+    @classmethod
+    def tiny(cls, tokenizer: PreTrainedTokenizerFast,
+             config: ValueModelConfig | None = None) -> ValueModel:
+        """A randomly initialised small Llama with ``tokenizer`` (CPU demos and tests); the
+        same seed gives the same weights."""
+        config = config or ValueModelConfig()
+        llama = LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=config.hidden_size,
+            num_hidden_layers=config.layers, num_attention_heads=config.hidden_size // 16,
+            num_key_value_heads=config.hidden_size // 16,
+            intermediate_size=4 * config.hidden_size, max_position_embeddings=config.max_tokens,
+            num_labels=1, pad_token_id=tokenizer.pad_token_id)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            model = LlamaForSequenceClassification(llama).to(torch.float32)
+        return cls(model, tokenizer, config)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path,
+                        config: ValueModelConfig | None = None) -> ValueModel:
+        """A causal-LM backbone folder (e.g. ``orchard.recipes.models.smollm2_dir()``) with a
+        new scalar head, in float32 for training."""
+        tokenizer = load_tokenizer(path)
+        if tokenizer.pad_token_id is None:
+            # Only marks the padded tail: right padding never puts it inside a text.
+            tokenizer.pad_token = tokenizer.eos_token
+        config = config or ValueModelConfig()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)  # the new head's initial weights
+            model = AutoModelForSequenceClassification.from_pretrained(
+                str(path), num_labels=1, dtype=torch.float32,
+                pad_token_id=tokenizer.pad_token_id)
+        return cls(model, tokenizer, config)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ValueModel:
+        """A value model written by :meth:`save`."""
+        path = Path(path)
+        if not (path / CONFIG_FILE).is_file():
+            raise FileNotFoundError(f"{path} is not a saved value model (no {CONFIG_FILE}); "
+                                    "for a backbone folder use ValueModel.from_pretrained")
+        config = ValueModelConfig(**json.loads((path / CONFIG_FILE).read_text("utf-8")))
+        model = AutoModelForSequenceClassification.from_pretrained(str(path))
+        return cls(model, load_tokenizer(path), config)
+
+    def save(self, path: str | Path) -> Path:
+        """Model, tokenizer and config into the folder ``path`` (made if missing)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(path))
+        self.tokenizer.save_pretrained(str(path))
+        (path / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2), "utf-8")
+        return path
+
+    def token_ids(self, text: str) -> list[int]:
+        """``text`` as at most ``max_tokens`` ids. The part after the last
+        :data:`PATCH_HEADER` is kept whole when it fits in 3/4 of the budget (else its head);
+        the part before it keeps its head and tail."""
+        cut = text.rfind(PATCH_HEADER)
+        context, patch = (text, "") if cut < 0 else (text[:cut], text[cut:])
+        # Text that spells a special token (a pad token in a patch) stays plain text.
+        ctx_ids, patch_ids = (self.tokenizer(part, add_special_tokens=False,
+                                             split_special_tokens=True)["input_ids"]
+                              for part in (context, patch))
+        budget = self.config.max_tokens
+        if len(ctx_ids) + len(patch_ids) <= budget:
+            return ctx_ids + patch_ids
+        patch_ids = patch_ids[:budget - min(len(ctx_ids), budget // 4)]
+        room = budget - len(patch_ids)
+        head = room // 2
+        return ctx_ids[:head] + ctx_ids[len(ctx_ids) - (room - head):] + patch_ids
+
+    def _batch(self, rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[i, :len(r)] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _logits(self, rows: Sequence[list[int]]) -> torch.Tensor:
+        ids, mask = self._batch(rows)
+        return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 0]
+
+    def train(self, examples: Sequence[tuple[str, bool]]) -> dict[str, Any]:
+        """Fit P(resolved | text) with binary cross-entropy, AdamW and gradient clipping;
+        returns the mean loss of each epoch and the counts."""
+        if not examples:
+            raise ValueError("no training examples: give (text, resolved) pairs from graded "
+                             "rollouts (see training_examples)")
+        for text, resolved in examples:
+            if not isinstance(text, str) or not isinstance(resolved, bool):
+                raise TypeError(f"a training example is (str, bool), got "
+                                f"({type(text).__name__}, {type(resolved).__name__})")
+        rows = [self.token_ids(text) for text, _ in examples]
+        labels = torch.tensor([float(r) for _, r in examples])
+        cfg = self.config
+        generator = torch.Generator().manual_seed(cfg.seed)
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        self.model.train()
+        epoch_loss = []
+        for _ in range(cfg.epochs):
+            losses = []
+            for batch in torch.randperm(len(rows), generator=generator).split(cfg.batch_size):
+                logits = self._logits([rows[i] for i in batch.tolist()])
+                loss = F.binary_cross_entropy_with_logits(logits, labels[batch].to(self.device))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                optimizer.step()
+                losses.append(loss.item())
+            epoch_loss.append(mean(losses))
+        self.model.eval()
+        return {"epoch_loss": epoch_loss, "examples": len(rows),
+                "resolved": int(labels.sum().item()),
+                "steps": cfg.epochs * math.ceil(len(rows) / cfg.batch_size)}
+
+    @torch.no_grad()
+    def score(self, texts: Sequence[str]) -> list[float]:
+        """P(resolved) for each text."""
+        self.model.eval()
+        rows = [self.token_ids(t) for t in texts]
+        out: list[float] = []
+        for start in range(0, len(rows), self.config.batch_size):
+            chunk = rows[start:start + self.config.batch_size]
+            out += torch.sigmoid(self._logits(chunk).float()).tolist()
+        return out
+
+
+# --- best-of-N ----------------------------------------------------------------------------------
+
+def best_of_n(candidates_by_task: Mapping[str, Sequence[RolloutResult]],
+              scores: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """Per task: the value pick (highest score; ties to the lowest sample index) and whether
+    it resolved, the random pick's expected success (the fraction resolved) and the oracle's
+    (whether any resolved); overall, their means over tasks."""
+    if not candidates_by_task:
+        raise ValueError("no tasks to rerank")
+    tasks = {}
+    for tid, candidates in candidates_by_task.items():
+        if tid not in scores:
+            raise ValueError(f"no scores for task {tid}")
+        if not candidates or len(candidates) != len(scores[tid]):
+            raise ValueError(f"task {tid}: {len(candidates)} candidate(s) but "
+                             f"{len(scores[tid])} score(s); give one score per candidate")
+        if any(math.isnan(s) for s in scores[tid]):
+            raise ValueError(f"task {tid}: a score is NaN")
+        pairs = list(zip(candidates, map(float, scores[tid]), strict=True))
+        pick, pick_score = min(pairs, key=lambda p: (-p[1], p[0].sample))
+        resolved = sum(c.resolved for c in candidates)
+        tasks[tid] = {"n": len(candidates), "resolved": resolved, "pick": pick.sample,
+                      "pick_score": pick_score, "value": float(pick.resolved),
+                      "random": resolved / len(candidates), "oracle": float(resolved > 0)}
+    overall = {k: mean(t[k] for t in tasks.values()) for k in ("value", "random", "oracle")}
+    overall |= {"n": max(t["n"] for t in tasks.values()), "tasks": len(tasks)}
+    return {"overall": overall, "tasks": tasks}
+
+
+def rerank_run(run_dir: str | Path, tasks: Iterable[Task], model: ValueModel, *,
+               text_of: TextOf = "patch") -> dict[str, Any]:
+    """Best-of-N over a run with several samples per task (its graded rollouts)."""
+    run_dir = Path(run_dir)
+    by_id = _task_map(tasks)
+    results = read_results(run_dir)
+    if not results:
+        raise FileNotFoundError(f"{run_dir} holds no rollouts: is it the --out of an "
+                                "`orchard eval` run?")
+    groups: dict[str, list[RolloutResult]] = defaultdict(list)
+    for r in sorted(_graded(results, by_id, run_dir), key=lambda r: r.key):
+        groups[r.instance_id].append(r)
+    texts = {tid: [candidate_text(by_id[tid], r, run_dir, text_of=text_of) for r in rs]
+             for tid, rs in groups.items()}
+    flat = model.score([t for ts in texts.values() for t in ts])
+    scores, start = {}, 0
+    for tid, ts in texts.items():
+        scores[tid], start = flat[start:start + len(ts)], start + len(ts)
+    report = best_of_n(groups, scores)
+    report["run"] = {"run_dir": str(run_dir), "text_of": text_of}
+    return report
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def report_table(report: dict[str, Any], *, per_task: bool = True) -> Table:
+    """The report of :func:`best_of_n` as a table: one row per task, then the overall rates."""
+    o = report["overall"]
+    table = Table(title=f"best-of-{o['n']} over {o['tasks']} task(s)")
+    for col in ("task", "resolved", "value pick", "value", "random", "oracle"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    if per_task:
+        for tid, t in report["tasks"].items():
+            table.add_row(tid, f"{t['resolved']}/{t['n']}",
+                          f"#{t['pick']} ({t['pick_score']:.3f})",
+                          "yes" if t["value"] else "no", _pct(t["random"]),
+                          "yes" if t["oracle"] else "no")
+        table.add_section()
+    table.add_row("overall", "", "", _pct(o["value"]), _pct(o["random"]), _pct(o["oracle"]),
+                  style="bold")
+    return table
