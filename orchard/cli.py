@@ -891,7 +891,8 @@ def demo(
     with contextlib.ExitStack() as stack:
         url, api_key = _orchestrator(stack, ctx, orchestrator)
         client = stack.enter_context(SandboxClient(url, api_key=api_key))
-        results = run_demo(out, config, client=client, log=console.print)
+        results = run_demo(out, config, client=client,
+                           log=lambda line: console.print(line, markup=False))
     table = Table(title=f"held-out tasks ({config.n_test}, {config.eval_n} samples each), "
                         f"seed {seed}")
     for column in ("stage", "resolved", "pass@k", "rollouts", "seconds"):
