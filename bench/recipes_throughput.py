@@ -407,7 +407,7 @@ def main() -> int:
                         help="timed A/B rounds with more threads (after 1 untimed): slow "
                              "when other work shares the cores")
     parser.add_argument("--rl-steps", type=int, default=2, help="train_rl steps in (3)")
-    parser.add_argument("--warm-sft", type=int, default=60,
+    parser.add_argument("--warm-sft", type=int, default=150,
                         help="SFT steps before (3), so that some rollouts resolve")
     args = parser.parse_args()
     if args.quick:

@@ -864,8 +864,8 @@ def demo(
         show_default=False)] = None,
     seed: Annotated[int, typer.Option(help="Seeds the tasks, the model's init, SFT and RL.")
                     ] = 0,
-    rl_steps: Annotated[int, typer.Option(min=0, help="BAR RL steps after SFT.")] = 2,
-    eval_n: Annotated[int, typer.Option(min=1, help="Samples per held-out task.")] = 2,
+    rl_steps: Annotated[int, typer.Option(min=0, help="BAR RL steps after SFT.")] = 4,
+    eval_n: Annotated[int, typer.Option(min=1, help="Samples per held-out task.")] = 4,
     orchestrator: _Orchestrator = None,
 ) -> None:
     """The training pipeline end to end: teacher trajectories -> credit-assignment SFT -> BAR
@@ -874,7 +874,7 @@ def demo(
 
     from rich.table import Table
 
-    from orchard.recipes.demo import DemoConfig, run_demo
+    from orchard.recipes.demo import DemoConfig, pretrained, run_demo
 
     config = DemoConfig(seed=seed, eval_n=eval_n)
     config.rl = replace(config.rl, steps=rl_steps, seed=seed)
@@ -883,7 +883,8 @@ def demo(
         from orchard.recipes.models import smollm2_dir
 
         model = str(smollm2_dir())
-    config.model = model
+    if model is not None:
+        config = pretrained(replace(config, model=model))
     console = Console()
     if out.exists() and any(out.iterdir()):
         raise typer.BadParameter(f"{out} is not empty: give a new --out (the demo does not "

@@ -285,3 +285,55 @@ def test_token_logprobs_is_float32_for_bf16_models(model: LlamaForCausalLM) -> N
     assert logprobs.dtype == entropy.dtype == torch.float32
     with pytest.raises(ValueError, match="at least 2 tokens"):
         token_logprobs(model, torch.tensor([1, 2, 3]))
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return grads
+
+
+def test_token_logprobs_mask_projects_only_the_trained_slots(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(4)
+    ids = torch.randint(0, 100, (2, 8))
+    attention = torch.tensor([[1] * 8, [1] * 6 + [0] * 2])
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1], [1, 0, 0, 1, 1, 0, 0]], dtype=torch.bool)
+    full_lp, full_ent = token_logprobs(model, ids, attention)
+    (full_lp[mask].sum() + full_ent[mask].sum()).backward()
+    expected = _grads(model)
+
+    projected = []
+    head = model.lm_head
+    hook = head.register_forward_hook(lambda _m, args, _out: projected.append(args[0].shape))
+    try:
+        lp, ent = token_logprobs(model, ids, attention, mask=mask)
+    finally:
+        hook.remove()
+    assert projected == [torch.Size([int(mask.sum()), 32])]  # 7 rows, not 2 x 7
+    torch.testing.assert_close(lp[mask], full_lp[mask].detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent[mask], full_ent[mask].detach(), atol=1e-5, rtol=1e-5)
+    assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()
+    (lp[mask].sum() + ent[mask].sum()).backward()
+    got = _grads(model)
+    assert got.keys() == expected.keys()
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="selects no tokens"):
+        token_logprobs(model, ids, attention, mask=torch.zeros_like(mask))
+
+
+def test_token_logprobs_mask_keeps_transformed_logits() -> None:
+    # Gemma 2 soft-caps its logits: the projection alone would be wrong, so the full forward
+    # runs and the masked slots still match it.
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(5)
+    config = Gemma2Config(hidden_size=32, num_hidden_layers=1, vocab_size=100,
+                          intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=16, final_logit_softcapping=3.0)
+    gemma = Gemma2ForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (1, 6))
+    mask = torch.tensor([[0, 1, 1, 0, 1]], dtype=torch.bool)
+    lp, _ = token_logprobs(gemma, ids, mask=mask, entropy=False)
+    full, _ = token_logprobs(gemma, ids, entropy=False)
+    torch.testing.assert_close(lp[mask], full[mask], atol=1e-5, rtol=1e-5)

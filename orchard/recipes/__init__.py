@@ -1,2 +1,56 @@
 """Recipes: training methods on top of rollouts (credit-assignment SFT, BAR RL, value-model
 reranking) and the reference loop that runs them end to end."""
+
+from orchard.recipes.bar import (
+    BARConfig,
+    GroupResult,
+    Rollout,
+    assemble,
+    bar_group,
+    fill_batch,
+    filter_group,
+    grpo_advantages,
+)
+from orchard.recipes.credit import (
+    AnnotationError,
+    Annotator,
+    JudgeError,
+    RetrospectiveAnnotator,
+    ValueCurve,
+    annotate_all,
+    interpolate,
+    key_steps,
+)
+from orchard.recipes.demo import Demo, DemoConfig, pretrained, run_demo
+from orchard.recipes.loss import masked_nll, pad_right, ppo_clip_loss, shift, token_logprobs
+from orchard.recipes.models import load_policy, save_policy, smollm2_dir, tiny_llama
+from orchard.recipes.montecarlo import AgentContinuation, Continuation, MonteCarloAnnotator
+from orchard.recipes.rerank import ValueModel, ValueModelConfig, best_of_n, rerank_run
+from orchard.recipes.rl import PolicySampler, RLConfig, policy_update, train_rl
+from orchard.recipes.serving import PolicyEngine, PolicyServer
+from orchard.recipes.sft import (
+    ChatTemplateError,
+    SFTConfig,
+    SFTExample,
+    build_sft_dataset,
+    load_examples,
+    save_examples,
+    select_turns,
+    sft_train,
+    to_dataset,
+    tokenize_conversation,
+)
+from orchard.recipes.trajectories import Trajectory, load_trajectories
+
+__all__ = [
+    "AgentContinuation", "AnnotationError", "Annotator", "BARConfig", "ChatTemplateError",
+    "Continuation", "Demo", "DemoConfig", "GroupResult", "JudgeError", "MonteCarloAnnotator",
+    "PolicyEngine", "PolicySampler", "PolicyServer", "RLConfig", "RetrospectiveAnnotator",
+    "Rollout", "SFTConfig", "SFTExample", "Trajectory", "ValueCurve", "ValueModel",
+    "ValueModelConfig", "annotate_all", "assemble", "bar_group", "best_of_n",
+    "build_sft_dataset", "fill_batch", "filter_group", "grpo_advantages", "interpolate",
+    "key_steps", "load_examples", "load_policy", "load_trajectories", "masked_nll",
+    "pad_right", "ppo_clip_loss", "policy_update", "pretrained", "rerank_run", "run_demo",
+    "save_examples", "save_policy", "select_turns", "sft_train", "shift", "smollm2_dir",
+    "tiny_llama", "to_dataset", "token_logprobs", "tokenize_conversation", "train_rl",
+]

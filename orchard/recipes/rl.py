@@ -42,7 +42,7 @@ from orchard.recipes.bar import (
     filter_group,
     grpo_advantages,
 )
-from orchard.recipes.loss import ppo_clip_loss, shift, token_logprobs
+from orchard.recipes.loss import pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.serving import PolicyServer
 from orchard.rollout.samples import Sample, build_samples
 from orchard.tasks.model import Task
@@ -112,21 +112,16 @@ class PolicySampler:
 
 def _batch(samples: Sequence[tuple[Sample, float]], pad_id: int
            ) -> dict[str, torch.Tensor]:
-    width = max(len(s.input_ids) for s, _ in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(samples), width), dtype=torch.long)
-    mask = torch.zeros((len(samples), width), dtype=torch.bool)
-    old = torch.zeros((len(samples), width), dtype=torch.float32)
-    for i, (s, _) in enumerate(samples):
-        n = len(s.input_ids)
-        ids[i, :n] = torch.tensor(s.input_ids)
-        attention[i, :n] = 1
-        # A trained token needs the log-prob it was sampled with: without one there is no
-        # importance ratio, so it is left out rather than guessed.
-        mask[i, :n] = torch.tensor([m == 1 and lp is not None
-                                    for m, lp in zip(s.loss_mask, s.logprobs, strict=True)])
-        old[i, :n] = torch.tensor([lp if lp is not None else 0.0 for lp in s.logprobs])
-    return {"input_ids": ids, "attention_mask": attention, "mask": mask, "old": old,
+    rows = [s for s, _ in samples]
+    # A trained token needs the log-prob it was sampled with: without one there is no
+    # importance ratio, so it is left out rather than guessed.
+    mask = [[m == 1 and lp is not None for m, lp in zip(s.loss_mask, s.logprobs, strict=True)]
+            for s in rows]
+    return {"input_ids": pad_right([s.input_ids for s in rows], pad_id, torch.long),
+            "attention_mask": pad_right([[1] * len(s.input_ids) for s in rows], 0, torch.long),
+            "mask": pad_right(mask, False, torch.bool),
+            "old": pad_right([[lp if lp is not None else 0.0 for lp in s.logprobs]
+                              for s in rows], 0.0, torch.float32),
             "advantages": torch.tensor([a for _, a in samples], dtype=torch.float32)}
 
 
@@ -149,8 +144,9 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     for i in range(0, len(trained), config.micro_batch):
         part = trained[i:i + config.micro_batch]
         b = _batch(part, pad_id)
-        logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"])
         mask = shift(b["mask"])
+        logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"],
+                                           mask=mask)
         loss, stats = ppo_clip_loss(
             logprobs, shift(b["old"]), b["advantages"], mask, clip_low=config.clip_low,
             clip_high=config.clip_high, entropy=entropy, entropy_coef=config.entropy_coef,

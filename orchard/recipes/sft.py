@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from orchard.recipes.loss import masked_nll, shift, token_logprobs
+from orchard.recipes.loss import masked_nll, pad_right, shift, token_logprobs
 from orchard.recipes.trajectories import Trajectory
 
 if TYPE_CHECKING:
@@ -285,24 +285,19 @@ def lr_at(step: int, total: int, config: SFTConfig) -> float:
 
 def collate(examples: Sequence[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded input_ids, attention_mask and loss_mask, [batch, longest]."""
-    width = max(len(e.input_ids) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(examples), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, e in enumerate(examples):
-        n = len(e.input_ids)
-        ids[row, :n] = torch.tensor(e.input_ids)
-        attention[row, :n] = 1
-        loss_mask[row, :n] = torch.tensor(e.loss_mask)
-    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+    return {"input_ids": pad_right([e.input_ids for e in examples], pad_id, torch.long),
+            "attention_mask": pad_right([[1] * len(e.input_ids) for e in examples], 0,
+                                        torch.long),
+            "loss_mask": pad_right([e.loss_mask for e in examples], 0, torch.long)}
 
 
 def sft_loss(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
              loss_mask: torch.Tensor) -> torch.Tensor:
     """Mean next-token negative log-likelihood over the trained tokens of the batch. Token i + 1
     is predicted from position i, and the mask of that target token decides whether it counts."""
-    logprobs, _ = token_logprobs(model, input_ids, attention_mask, entropy=False)
-    return masked_nll(logprobs, shift(loss_mask))
+    mask = shift(loss_mask)
+    logprobs, _ = token_logprobs(model, input_ids, attention_mask, mask=mask, entropy=False)
+    return masked_nll(logprobs, mask)
 
 
 def _pad_id(model: torch.nn.Module) -> int:

@@ -1,10 +1,17 @@
 """A generated task family small enough for a tiny policy to learn on a CPU in minutes.
 
-Each task is a one-module repository, ``settings.py``, holding a few constants; the issue says
-which constant has the wrong value and what it must be. The tests check every constant: the
-wrong one FAIL_TO_PASS, the others PASS_TO_PASS (so a fix that breaks a neighbour fails). The
-instances differ in which constants exist, their values, and which one is wrong; the test split
-is drawn from a different seed, so held-out tasks are new combinations of familiar names.
+Each task is a one-module repository, ``settings.py``, holding four constants; the issue says
+which one has the wrong value and what it must be ("PORT in settings.py is 17; it should be
+80."). The tests check every constant: the wrong one FAIL_TO_PASS, the others PASS_TO_PASS (so
+a fix that breaks a neighbour fails). Each constant has one right value across the family; the
+instances differ in which constant is wrong and how, and the held-out split holds (constant,
+wrong value) pairs that no training task has.
+
+Why fixed right values: a random-init model of ~1M parameters trained for minutes on a CPU
+learns to pick a name out of the issue but not to copy an arbitrary number from it (copying
+needs attention circuits that take far longer to form). A pretrained policy does not need the
+simplification; the family keeps it so that the CPU demo measures the training pipeline, not
+the limits of a tiny model.
 
 Every task carries scripts for the scripted teacher (``metadata["teacher"]``): a solving one
 (look, fix with sed, submit), and two failing ones — a fix followed by a breaking edit (a
@@ -19,10 +26,10 @@ from orchard.tasks.model import Budget, RepoSource, Task, file_diff
 
 MODULE = "settings.py"
 TESTS = "test_settings.py"
-NAMES = ("TIMEOUT", "RETRIES", "PORT", "WORKERS", "BATCH", "LIMIT", "DEPTH", "WIDTH",
-         "QUEUE", "CACHE", "THREADS", "BUFFER")
+RIGHT = {"TIMEOUT": 30, "RETRIES": 5, "PORT": 80, "WORKERS": 8}
+"""Each constant's right value."""
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-CONSTANTS_PER_TASK = 4
+WRONG_VALUES = range(2, 100)
 
 
 def _module(values: dict[str, int]) -> str:
@@ -41,15 +48,12 @@ def _sed(name: str, value: int) -> str:
 
 
 def _task(rng: random.Random, index: int, split: str) -> Task:
-    names = rng.sample(NAMES, CONSTANTS_PER_TASK)
-    right = {k: rng.randint(2, 99) for k in names}
-    wrong_name = rng.choice(names)
-    wrong = dict(right)
-    while wrong[wrong_name] == right[wrong_name]:
-        wrong[wrong_name] = rng.randint(2, 99)
+    right = dict(RIGHT)
+    wrong_name = rng.choice(list(right))
     new = right[wrong_name]
-    other = rng.choice([k for k in names if k != wrong_name])
-    off_by = rng.choice([v for v in range(2, 99) if v != new])
+    wrong = {**right, wrong_name: rng.choice([v for v in WRONG_VALUES if v != new])}
+    other = rng.choice([k for k in right if k != wrong_name])
+    off_by = rng.choice([v for v in WRONG_VALUES if v not in (new, wrong[wrong_name])])
     look = ("Let me read the settings.", f"cat {MODULE}")
     fix = (f"{wrong_name} must be {new}.", _sed(wrong_name, new))
     done = ("Fixed; submitting.", SUBMIT)
@@ -60,11 +64,12 @@ def _task(rng: random.Random, index: int, split: str) -> Task:
             [look, (f"{wrong_name} must be {off_by}.", _sed(wrong_name, off_by)), done],
         ],
     }
-    tests = [f"{TESTS}::test_{k.lower()}" for k in names]
+    tests = [f"{TESTS}::test_{k.lower()}" for k in right]
     f2p = f"{TESTS}::test_{wrong_name.lower()}"
+    statement = f"{wrong_name} in {MODULE} is {wrong[wrong_name]}; it should be {new}."
     return Task(
         instance_id=f"settings-{split}-{index:03d}", repo="orchard/settings-family",
-        version="1", problem_statement=f"{wrong_name} in {MODULE} should be {new}.",
+        version="1", problem_statement=statement,
         patch=file_diff(MODULE, _module(wrong), _module(right)),
         test_patch=file_diff(TESTS, None, _tests(right)),
         FAIL_TO_PASS=[f2p], PASS_TO_PASS=[t for t in tests if t != f2p],
@@ -79,7 +84,7 @@ def settings_family(n_train: int = 48, n_test: int = 16, seed: int = 0) -> list[
     """``n_train`` training and ``n_test`` held-out tasks; the same seed gives the same set."""
     if n_train < 0 or n_test < 0:
         raise ValueError("task counts must be >= 0")
-    distinct = len(NAMES) * 98  # one statement per (name, right value)
+    distinct = len(RIGHT) * (len(WRONG_VALUES) - 1)  # one per (name, wrong value)
     if n_train + n_test > distinct:
         raise ValueError(f"the family has {distinct} distinct tasks; ask for at most that many "
                          f"(got {n_train} + {n_test})")
