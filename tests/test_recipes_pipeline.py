@@ -175,5 +175,10 @@ def test_demo_end_to_end(client: SandboxClient, tmp_path: Path) -> None:
         saved["stages"]["sft_rl"]["resolved_rate"] - saved["stages"]["base"]["resolved_rate"])
     assert saved["sft_data"]["examples"] >= 1 and saved["sft"]["steps"] >= 1
     assert len(saved["rl"]) == 1 and results["seeds"]["rl"] == 0
+    rerank = saved["rerank"]  # best-of-1: every pick is the only candidate
+    assert rerank["n"] == 1 and rerank["tasks"] == 2
+    assert rerank["value"] == rerank["random"] == rerank["oracle"] == pytest.approx(
+        saved["stages"]["sft_rl"]["resolved_rate"])
+    assert rerank["train"]["examples"] >= 6  # the teacher's rollouts, at least
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert client.list_sandboxes() == []

@@ -7,10 +7,13 @@ Stages (each writes under ``out``):
 2. ``values.jsonl``: Monte-Carlo value curves of the unresolved trajectories (replay to each
    step, let a teacher that solves with probability ``mc_solve`` carry on ``mc_k`` times).
 3. ``sft.jsonl``: resolved trajectories whole, unresolved ones only inside rise segments.
-4. ``eval-base/``, ``eval-sft/``, ``eval-rl/``: the policy on the held-out tasks (``eval_n``
-   samples each) before training, after SFT, after SFT + RL; ``rl/``: the RL steps.
-5. ``results.json`` (per stage: resolved rate and pass@k on held-out tasks, seeds, wall
-   times) and ``learning_curve.png``.
+4. ``eval-base/``, ``eval-sft/``, ``eval-sft_rl/``: the policy on the held-out tasks
+   (``eval_n`` samples each) before training, after SFT, after SFT + RL; ``rl/``: the RL steps.
+5. Reranking: a value model trained on the graded rollouts of training tasks (teacher, RL)
+   picks one of the ``eval_n`` held-out candidates per task; against a random and an oracle
+   pick.
+6. ``results.json`` (per stage: resolved rate and pass@k on held-out tasks, seeds, wall
+   times; the reranking report) and ``learning_curve.png``.
 
 The policy is a tiny random-init Llama with the project's real BPE tokenizer, or any causal LM
 folder given as ``model`` (e.g. SmolLM2-135M-Instruct from ``orchard.recipes.models.
@@ -37,6 +40,7 @@ from orchard.eval.runner import RunConfig
 from orchard.recipes.bar import BARConfig
 from orchard.recipes.models import load_policy, tiny_llama
 from orchard.recipes.montecarlo import AgentContinuation, MonteCarloAnnotator
+from orchard.recipes.rerank import ValueModel, ValueModelConfig, rerank_run, training_examples
 from orchard.recipes.rl import RLConfig, train_rl
 from orchard.recipes.serving import PolicyServer
 from orchard.recipes.sft import SFTConfig, build_sft_dataset, save_examples, sft_train
@@ -77,6 +81,9 @@ class DemoConfig:
     # improbable tokens dominate the gradient; at 1e-5 a step costs nothing measurable.
     rl: RLConfig = field(default_factory=lambda: RLConfig(
         steps=4, batch_prompts=4, bar=BARConfig(n=4, n_max=8, stride=4), lr=1e-5))
+    value: ValueModelConfig = field(default_factory=lambda: ValueModelConfig(
+        max_tokens=256, lr=3e-3, epochs=12, batch_size=8))
+    """The value model of the reranking stage (a tiny Llama with the policy's tokenizer)."""
     concurrency: int = 2
     threads: int = 1
     """torch intra-op threads while sandboxes run (serving, RL)."""
@@ -198,6 +205,22 @@ class Demo:
                  f"{stage['rollouts']} held-out rollouts, pass@k {stage['pass_at_k']}")
         return stage
 
+    def rerank(self, tokenizer: Any) -> dict[str, Any]:
+        """Best-of-N over the last held-out evaluation, by a value model trained on the graded
+        rollouts of training tasks only (the teacher's and RL's), against a random and an
+        oracle pick."""
+        runs = [self.out / "teacher", *sorted((self.out / "rl").glob("step-*/round-*"))]
+        value = ValueModel.tiny(tokenizer, self.config.value)
+        fit = value.train(training_examples(runs, self.train, text_of="patch"))
+        report = rerank_run(self.out / "eval-sft_rl", self.test, value, text_of="patch")
+        overall = report["overall"]
+        self.results["rerank"] = {"train": fit, "runs": len(runs), **overall}
+        self.log(f"  best-of-{overall['n']} on held-out tasks: value pick "
+                 f"{overall['value']:.1%}, random pick {overall['random']:.1%}, oracle "
+                 f"{overall['oracle']:.1%} (value model: {fit['examples']} graded rollouts of "
+                 f"training tasks, {fit['resolved']} resolved)")
+        return report
+
     def run(self) -> dict[str, Any]:
         cfg = self.config
         torch.manual_seed(cfg.seed)
@@ -240,6 +263,7 @@ class Demo:
                     f"{r['seconds']:.0f} s")))
             self.results["rl"] = rl_log
             self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"))
+        self._timed("rerank", lambda: self.rerank(tokenizer))
         stages = self.results["stages"]
         self.results["margin"] = {
             "sft_rl_minus_base": stages["sft_rl"]["resolved_rate"]

@@ -35,6 +35,7 @@ from transformers import (
 )
 
 from orchard.eval.results import RolloutResult, read_results
+from orchard.recipes.loss import pad_right
 from orchard.recipes.trajectories import Trajectory, from_result
 from orchard.rollout.tokenizer import load_tokenizer
 from orchard.tasks.model import Task
@@ -230,12 +231,8 @@ class ValueModel:
         return ctx_ids[:head] + ctx_ids[len(ctx_ids) - (room - head):] + patch_ids
 
     def _batch(self, rows: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-            mask[i, :len(r)] = 1
+        ids = pad_right(rows, self.tokenizer.pad_token_id, torch.long)
+        mask = pad_right([[1] * len(r) for r in rows], 0, torch.long)
         return ids.to(self.device), mask.to(self.device)
 
     def _logits(self, rows: Sequence[list[int]]) -> torch.Tensor:
