@@ -864,7 +864,7 @@ def demo(
         show_default=False)] = None,
     seed: Annotated[int, typer.Option(help="Seeds the tasks, the model's init, SFT and RL.")
                     ] = 0,
-    rl_steps: Annotated[int, typer.Option(min=0, help="BAR RL steps after SFT.")] = 4,
+    rl_steps: Annotated[int, typer.Option(min=0, help="BAR RL steps after SFT.")] = 2,
     eval_n: Annotated[int, typer.Option(min=1, help="Samples per held-out task.")] = 4,
     orchestrator: _Orchestrator = None,
 ) -> None:

@@ -80,7 +80,7 @@ class DemoConfig:
     # steps move every weight by ~lr whatever its gradient's size, and the failed rollouts'
     # improbable tokens dominate the gradient; at 1e-5 a step costs nothing measurable.
     rl: RLConfig = field(default_factory=lambda: RLConfig(
-        steps=4, batch_prompts=4, bar=BARConfig(n=4, n_max=8, stride=4), lr=1e-5))
+        steps=2, batch_prompts=4, bar=BARConfig(n=4, n_max=8, stride=4), lr=1e-5))
     value: ValueModelConfig = field(default_factory=lambda: ValueModelConfig(
         max_tokens=256, lr=3e-3, epochs=12, batch_size=8))
     """The value model of the reranking stage (a tiny Llama with the policy's tokenizer)."""
@@ -235,7 +235,10 @@ class Demo:
                                max_positions=4096, seed=cfg.seed)
         else:
             self.tokenizer_dir = cfg.model
-            model, tokenizer = load_policy(cfg.model)
+            # float32 master weights: a bf16 weight cannot take an update much below 1/256 of
+            # itself, so at a pretrained model's learning rates most AdamW steps would round
+            # away. The server's copy is float32 too, so sampled and trained log-probs agree.
+            model, tokenizer = load_policy(cfg.model, dtype=torch.float32)
         self.results["model"] = {"name": cfg.model or "tiny-llama (random init)",
                                  "parameters": sum(p.numel() for p in model.parameters())}
         run = self._timed("teacher", self.teacher)
