@@ -41,6 +41,18 @@ def pad_right(rows: Sequence[Sequence[Any]], fill: Any, dtype: torch.dtype) -> T
     return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)
 
 
+def pad_id_of(model: torch.nn.Module) -> int:
+    """The id batches are padded with: the model's pad token, else its (first) eos token."""
+    config = model.config
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    if isinstance(pad, list):
+        pad = pad[0]
+    if pad is None:
+        raise ValueError("the model's config has neither pad_token_id nor eos_token_id; set "
+                         "one so batches can be padded")
+    return pad
+
+
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
                    *, mask: Tensor | None = None, entropy: bool = True
                    ) -> tuple[Tensor, Tensor | None]:

@@ -42,7 +42,7 @@ from orchard.recipes.bar import (
     filter_group,
     grpo_advantages,
 )
-from orchard.recipes.loss import pad_right, ppo_clip_loss, shift, token_logprobs
+from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.serving import PolicyServer
 from orchard.rollout.samples import Sample, build_samples
 from orchard.tasks.model import Task
@@ -173,9 +173,7 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task], client: SandboxClien
         raise ValueError("RL needs at least one task")
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
-    pad_id = getattr(model.config, "pad_token_id", None)
-    if pad_id is None:
-        pad_id = model.config.eos_token_id
+    pad_id = pad_id_of(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     harness = MiniSweAgentHarness(server.url, server.engine.model_name,
                                   config=agent_config, render_with=render_with)

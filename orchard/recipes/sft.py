@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from orchard.recipes.loss import masked_nll, pad_right, shift, token_logprobs
+from orchard.recipes.loss import masked_nll, pad_id_of, pad_right, shift, token_logprobs
 from orchard.recipes.trajectories import Trajectory
 
 if TYPE_CHECKING:
@@ -300,17 +300,6 @@ def sft_loss(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: to
     return masked_nll(logprobs, mask)
 
 
-def _pad_id(model: torch.nn.Module) -> int:
-    config = model.config
-    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-    if isinstance(pad, list):
-        pad = pad[0]
-    if pad is None:
-        raise ValueError("the model's config has neither pad_token_id nor eos_token_id; set "
-                         "one so batches can be padded")
-    return pad
-
-
 def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SFTConfig, *,
               on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train ``model`` in place on ``examples``; returns one metrics dict per optimizer step:
@@ -321,7 +310,7 @@ def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SF
     torch.manual_seed(config.seed)
     order_rng = random.Random(config.seed)
     device = next(model.parameters()).device
-    pad_id = _pad_id(model)
+    pad_id = pad_id_of(model)
     per_epoch = math.ceil(len(examples) / config.batch_size)
     total = config.epochs * per_epoch
     if config.max_steps is not None:
