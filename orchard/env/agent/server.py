@@ -46,7 +46,7 @@ DRAIN_LIMIT = 1 << 20
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 401: "Unauthorized",
     404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
-    500: "Internal Server Error",
+    500: "Internal Server Error", 503: "Service Unavailable",
 }
 
 
@@ -193,8 +193,8 @@ def _wait(proc):
 def _reap_orphans():
     me = os.getpid()
     while True:
-        # Woken by SIGCHLD; the timeout is a safety net: a wake-up lost in a storm of exits
-        # would otherwise leave zombies holding the sandbox's pids limit for good.
+        # Woken by the main loop on SIGCHLD; the timeout is a safety net: a wake-up lost in a
+        # storm of exits would otherwise leave zombies holding the sandbox's pids limit.
         _ORPHANS.wait(1.0)
         _ORPHANS.clear()
         with _SPAWN_LOCK:
@@ -208,7 +208,6 @@ def _become_subreaper():
     import ctypes
 
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    signal.signal(signal.SIGCHLD, lambda *_: _ORPHANS.set())
     threading.Thread(target=_reap_orphans, daemon=True).start()
 
 
@@ -913,6 +912,15 @@ def _forward(conn, target):
     up.close()
 
 
+_OUT_OF_PIDS_BODY = (
+    b'{"detail":"the sandbox is at its pids limit: the agent cannot start a thread for this '
+    b'request; kill processes in the sandbox (or create it with a larger pids) and retry"}'
+)
+_OUT_OF_PIDS = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(_OUT_OF_PIDS_BODY), _OUT_OF_PIDS_BODY))
+
+
 def main(argv):
     unix = tcp = token_file = token_env = None
     ready_fd = None
@@ -975,13 +983,15 @@ def main(argv):
     sel = selectors.DefaultSelector()
     for s in [*socks, *forwards]:
         sel.register(s, selectors.EVENT_READ)
-    # Python runs signal handlers in the main thread only, and the kernel may hand SIGCHLD to
-    # any thread: without a wakeup fd, the orphan reaper would wait for the next accept (never,
-    # with keep-alive clients) while zombies hold the sandbox's pids limit.
+    # SIGCHLD reaches the reaper through the wakeup fd, read by this loop. The Python-level
+    # handler must do nothing: one that set the Event could be re-entered by the next SIGCHLD
+    # while holding the Event's lock, deadlocking this thread and the reaper, and the zombies
+    # of a killed fork bomb then held the sandbox's pids limit for good.
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     sel.register(wake_r, selectors.EVENT_READ)
     while True:
         for key, _ in sel.select():
@@ -989,15 +999,20 @@ def main(argv):
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 4096):
                         pass
+                _ORPHANS.set()
                 continue
             conn, _addr = key.fileobj.accept()
             if conn.family != socket.AF_UNIX:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if key.fileobj in forwards:
-                threading.Thread(target=_forward, args=(conn, forwards[key.fileobj]),
-                                 daemon=True).start()
-            else:
-                threading.Thread(target=Conn(conn, token).serve, daemon=True).start()
+            forward = forwards.get(key.fileobj)
+            target, args = (_forward, (conn, forward)) if forward else (Conn(conn, token).serve, ())
+            try:
+                threading.Thread(target=target, args=args, daemon=True).start()
+            except RuntimeError:  # no thread to spare: the sandbox's pids limit is reached
+                if not forward:
+                    with contextlib.suppress(OSError):
+                        conn.sendall(_OUT_OF_PIDS)
+                conn.close()
 
 
 if __name__ == "__main__":
