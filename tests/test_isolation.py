@@ -7,6 +7,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -243,6 +244,36 @@ def test_orphans_are_reaped_through_sigchld_storms(client: httpx.Client) -> None
             assert (r["exit_code"], r["stdout"]) == (0, "done\n"), str(r)
         assert wait_until(lambda: int(cgroup_file(sid, "pids.current")) <= 16, 10, 0.2), \
             cgroup_file(sid, "pids.current")
+    finally:
+        client.delete(f"/sandboxes/{sid}")
+
+
+def test_a_sandbox_at_its_pids_limit_answers_503_not_silence(client: httpx.Client,
+                                                             orchestrator: str) -> None:
+    """With every pid taken, the agent has no thread for a new connection: each request must
+    still get an answer (a retryable 503 saying why), and the sandbox recovers afterwards."""
+    sid = create_ready(client, {"image": "host", "pids": 32})
+    try:
+        hog = run(client, sid, command="while :; do sleep 600 & done", background=True)
+        assert wait_until(lambda: cgroup_file(sid, "pids.current").strip() == "32", 20, 0.1)
+
+        def read_file(_: int) -> httpx.Response:
+            # A client of its own each: the orchestrator must open new agent connections.
+            with httpx.Client(base_url=orchestrator, timeout=30) as c:
+                return c.get(f"/sandboxes/{sid}/files", params={"path": "/etc/hostname"})
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(read_file, range(16)))
+        assert {r.status_code for r in answers} <= {200, 503}, [r.text for r in answers if r.status_code == 409]
+        refused = [r for r in answers if r.status_code == 503]
+        assert refused, [r.status_code for r in answers]  # more than the pool's idle connections
+        assert "pids limit" in refused[0].json()["detail"], refused[0].text
+        assert refused[0].headers["retry-after"] == "1"
+
+        killed = client.delete(f"/sandboxes/{sid}/processes/{hog['process_id']}")
+        assert killed.status_code == 200, killed.text
+        assert wait_until(lambda: int(cgroup_file(sid, "pids.current")) <= 16, 10, 0.2)
+        assert run(client, sid, command="echo alive")["stdout"] == "alive\n"
     finally:
         client.delete(f"/sandboxes/{sid}")
 

@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.env.agent.client import AgentError, AgentUnreachable
-from orchard.env.errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge
+from orchard.env.errors import BadRequest, Conflict, NotFound, Overloaded, ServiceError, TooLarge
 from orchard.env.events import payload
 from orchard.env.schema import (
     CreateSandboxRequest,
@@ -133,7 +133,7 @@ def _agent_errors(e: AgentError, sid: str) -> ServiceError:
     if isinstance(e, AgentUnreachable):
         return Conflict(f"sandbox {sid} is not reachable ({e.detail}); it may have crashed: "
                         "check GET /sandboxes/{id} and recreate it")
-    err = {404: NotFound, 409: Conflict, 413: TooLarge}.get(e.status, BadRequest)
+    err = {404: NotFound, 409: Conflict, 413: TooLarge, 503: Overloaded}.get(e.status, BadRequest)
     return err(e.detail)
 
 

@@ -46,7 +46,7 @@ DRAIN_LIMIT = 1 << 20
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 401: "Unauthorized",
     404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
-    500: "Internal Server Error", 503: "Service Unavailable",
+    500: "Internal Server Error",
 }
 
 
@@ -912,6 +912,10 @@ def _forward(conn, target):
     up.close()
 
 
+def _serve(sock, token):
+    Conn(sock, token).serve()
+
+
 _OUT_OF_PIDS_BODY = (
     b'{"detail":"the sandbox is at its pids limit: the agent cannot start a thread for this '
     b'request; kill processes in the sandbox (or create it with a larger pids) and retry"}'
@@ -1001,18 +1005,36 @@ def main(argv):
                         pass
                 _ORPHANS.set()
                 continue
+            if key.data == "refused":  # its client is done with the 503 once it hangs up
+                try:
+                    if key.fileobj.recv(65536):
+                        continue
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    pass
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+                continue
             conn, _addr = key.fileobj.accept()
             if conn.family != socket.AF_UNIX:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             forward = forwards.get(key.fileobj)
-            target, args = (_forward, (conn, forward)) if forward else (Conn(conn, token).serve, ())
+            target, args = (_forward, (conn, forward)) if forward else (_serve, (conn, token))
             try:
                 threading.Thread(target=target, args=args, daemon=True).start()
             except RuntimeError:  # no thread to spare: the sandbox's pids limit is reached
-                if not forward:
-                    with contextlib.suppress(OSError):
-                        conn.sendall(_OUT_OF_PIDS)
-                conn.close()
+                if forward:
+                    conn.close()
+                    continue
+                # Closed at once, the socket would discard (Unix) or reset (TCP) the request
+                # still arriving, and the client would lose the answer: keep it open, unread,
+                # until the client hangs up.
+                with contextlib.suppress(OSError):
+                    conn.sendall(_OUT_OF_PIDS)
+                    conn.shutdown(socket.SHUT_WR)
+                conn.setblocking(False)
+                sel.register(conn, selectors.EVENT_READ, "refused")
 
 
 if __name__ == "__main__":
