@@ -46,7 +46,7 @@ DRAIN_LIMIT = 1 << 20
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 401: "Unauthorized",
     404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
-    500: "Internal Server Error",
+    500: "Internal Server Error", 503: "Service Unavailable",
 }
 
 
@@ -916,13 +916,10 @@ def _serve(sock, token):
     Conn(sock, token).serve()
 
 
-_OUT_OF_PIDS_BODY = (
+_OUT_OF_PIDS = (
     b'{"detail":"the sandbox is at its pids limit: the agent cannot start a thread for this '
     b'request; kill processes in the sandbox (or create it with a larger pids) and retry"}'
 )
-_OUT_OF_PIDS = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
-                % (len(_OUT_OF_PIDS_BODY), _OUT_OF_PIDS_BODY))
 
 
 def main(argv):
@@ -1031,7 +1028,7 @@ def main(argv):
                 # still arriving, and the client would lose the answer: keep it open, unread,
                 # until the client hangs up.
                 with contextlib.suppress(OSError):
-                    conn.sendall(_OUT_OF_PIDS)
+                    Conn(conn, token).send(503, _OUT_OF_PIDS, headers=("Connection: close",))
                     conn.shutdown(socket.SHUT_WR)
                 conn.setblocking(False)
                 sel.register(conn, selectors.EVENT_READ, "refused")
