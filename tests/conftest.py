@@ -92,7 +92,7 @@ def short_data_dir(session_data: Path) -> Iterator[Path]:
 def dedicated_orchestrator(session_data: Path, **settings: object) -> Iterator[str]:
     """A private orchestrator on a short data dir, stopped (its sandboxes deleted) on exit."""
     with short_data_dir(session_data) as short, EmbeddedOrchestrator(
-            data_dir=short, reconcile_interval=0.5, **settings) as url:
+            data_dir=short, **{"reconcile_interval": 0.5, **settings}) as url:
         yield url
 
 

@@ -17,6 +17,9 @@ def default_data_dir() -> Path:
 
 class Settings(BaseModel):
     data_dir: Path = Field(default_factory=default_data_dir)
+    cache_dir: Path | None = Field(
+        None, description="Where the local backend keeps its agent bundle and unpacked images "
+        "(default <data_dir>/local); several data dirs may share one.")
     state: str | None = Field(
         None, description="sqlite:///PATH (default <data_dir>/state.db) or redis://HOST:PORT/DB "
         "(several replicas sharing state)")
@@ -38,6 +41,9 @@ class Settings(BaseModel):
     model_proxy: str | None = Field(
         None, description="URL of the recording proxy that model_proxy sandboxes may reach: as "
         "the orchestrator's host reaches it (local) or as pods do (kubernetes).")
+    agent_timeout: float = Field(
+        30, gt=0, description="Seconds the orchestrator waits for a sandbox agent's answer "
+        "(an exec waits its own timeout plus this).")
     max_json_body: int = Field(64 << 20, description="Largest JSON request body, bytes.")
     max_upload_bytes: int = Field(8 << 30, description="Largest raw upload, bytes.")
 

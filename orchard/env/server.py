@@ -18,7 +18,14 @@ from pydantic import ValidationError
 
 from orchard.env.api import create_app
 from orchard.env.backends.base import Backend
-from orchard.env.config import Settings
+from orchard.env.config import Settings, default_data_dir
+from orchard.env.datadir import (
+    DataDirInUse,
+    DataDirLock,
+    private_data_dir,
+    remove_private_data_dir,
+    stale_private_data_dirs,
+)
 from orchard.env.service import SandboxService
 from orchard.env.state import open_store
 from orchard.serving import ThreadedServer
@@ -29,7 +36,7 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
         from orchard.env.backends.local.backend import LocalBackend
 
         return LocalBackend(settings.data_dir / "local", die_with_orchestrator=embedded,
-                            model_proxy=settings.model_proxy)
+                            model_proxy=settings.model_proxy, cache_dir=settings.cache_dir)
     if settings.backend == "kubernetes":
         from orchard.env.backends.kubernetes import KubernetesBackend
 
@@ -38,8 +45,20 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
 
 
 def build_app(settings: Settings, delete_on_shutdown: bool = False) -> FastAPI:
-    """The ASGI app; the service starts (re-adopting sandboxes) with the app's lifespan."""
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    """The ASGI app; the service starts (re-adopting sandboxes) with the app's lifespan.
+
+    Raises DataDirInUse if another orchestrator holds the data dir; the app holds the lock
+    until its lifespan ends.
+    """
+    lock = DataDirLock(settings.data_dir).acquire()
+    try:
+        return _build_locked_app(settings, lock, delete_on_shutdown)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _build_locked_app(settings: Settings, lock: DataDirLock, delete_on_shutdown: bool) -> FastAPI:
     # Every live sandbox holds a keep-alive connection to its agent: a thousand sandboxes
     # would exhaust the usual soft limit of 1024 descriptors.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -56,9 +75,12 @@ def build_app(settings: Settings, delete_on_shutdown: bool = False) -> FastAPI:
         try:
             yield
         finally:
-            await service.stop(delete_all=delete_on_shutdown)
-            await backend.close()
-            await store.close()
+            try:
+                await service.stop(delete_all=delete_on_shutdown)
+                await backend.close()
+                await store.close()
+            finally:
+                lock.release()
 
     app = create_app(service, lifespan=lifespan)
     app.state.service = service
@@ -107,7 +129,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, config: Path | None = None,
                          "(or set ORCHARD_API_KEYS), or listen on 127.0.0.1")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per agent call otherwise
-    app = build_app(settings)
+    try:
+        app = build_app(settings)
+    except DataDirInUse as e:
+        raise SystemExit(str(e)) from None
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=10)
 
@@ -116,21 +141,57 @@ class EmbeddedOrchestrator(ThreadedServer):
     """An orchestrator on 127.0.0.1 in a background thread, for the life of a client.
 
     It deletes every sandbox it made when stopped, so a notebook or a test needs no set-up
-    and leaves nothing behind.
+    and leaves nothing behind. Without a ``data_dir`` it makes a private one (removed when
+    it stops) that shares only the caches (agent bundle, unpacked images) with the default
+    data dir, so it never meets an ``orchard serve`` or another embedded orchestrator.
     """
 
     def __init__(self, data_dir: Path | None = None, **settings: Any) -> None:
-        if data_dir is not None:
+        self._private: Path | None = None
+        if data_dir is None:
+            settings.setdefault("cache_dir", default_data_dir() / "local")
+        else:
             settings["data_dir"] = data_dir
-        self.settings = Settings(**settings)
+        self._settings = settings
         super().__init__(None, name="orchard-embedded")
 
     def start(self, timeout: float = 60.0) -> str:
-        self.app = build_app(self.settings, delete_on_shutdown=True)
-        return super().start(timeout)
+        settings = dict(self._settings)
+        if "data_dir" not in settings:
+            _remove_stale_private_dirs()
+            self._private = settings["data_dir"] = private_data_dir()
+        self.settings = Settings(**settings)
+        try:
+            self.app = build_app(self.settings, delete_on_shutdown=True)
+            return super().start(timeout)
+        except BaseException:
+            self._remove_private()
+            raise
+
+    def stop(self) -> None:
+        super().stop()
+        self._remove_private()
+
+    def _remove_private(self) -> None:
+        if self._private is not None:
+            remove_private_data_dir(self._private)
+            self._private = None
 
     def __enter__(self) -> str:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _remove_stale_private_dirs() -> None:
+    """What embedded orchestrators killed before they could clean up left behind.
+
+    Their sandboxes died with them (the holders' lifeline closed); their cgroups and
+    directories remain until someone removes them.
+    """
+    from orchard.env.backends.local.backend import remove_leftovers
+
+    for d in stale_private_data_dirs():
+        remove_leftovers(d / "local")
+        remove_private_data_dir(d)

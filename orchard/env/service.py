@@ -20,7 +20,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchard.env.agent.client import AgentClient, AgentError, AgentUnreachable
-from orchard.env.backends.base import Backend, BackendError, SandboxSpec, SpecRejected
+from orchard.env.backends.base import (
+    Backend,
+    BackendError,
+    SandboxHandle,
+    SandboxSpec,
+    SpecRejected,
+)
 from orchard.env.config import Settings
 from orchard.env.errors import BadRequest, Conflict, NotFound, Overloaded, WaitTimedOut
 from orchard.env.events import EventLog
@@ -227,7 +233,7 @@ class SandboxService:
             self._launches.pop(sid, None)
         self.metrics.create_seconds.observe(time.perf_counter() - t0)
         self.metrics.creates.labels("ok").inc()
-        self._agents[sid] = AgentClient(handle.address, token=handle.token)
+        self._agents[sid] = self._agent_client(handle)
         rec = await self._update(sid, _became_ready(handle.limits))
         if rec is not None and rec.status == SandboxStatus.running:
             await self.events.record(rec, EventKind.ready,
@@ -387,7 +393,7 @@ class SandboxService:
             await self._fail(sid, "the orchestrator replica launching it stopped before it was "
                              "ready; delete and recreate it", only_if=SandboxStatus.pending)
             return
-        self._agents[sid] = AgentClient(handle.address, token=handle.token)
+        self._agents[sid] = self._agent_client(handle)
         await self._update(sid, _became_ready(handle.limits))
         log.info("adopted sandbox %s, launched by a replica that stopped", sid)
 
@@ -408,8 +414,12 @@ class SandboxService:
             if handle is None:
                 raise Conflict(f"sandbox {sid} is running on record but its agent cannot be "
                                "found; it may have just exited: check GET /sandboxes/{id}")
-            agent = self._agents[sid] = AgentClient(handle.address, token=handle.token)
+            agent = self._agents[sid] = self._agent_client(handle)
         return rec, agent
+
+    def _agent_client(self, handle: SandboxHandle) -> AgentClient:
+        return AgentClient(handle.address, token=handle.token,
+                           timeout=self.settings.agent_timeout)
 
     async def agent(self, sid: str) -> AgentClient:
         return (await self.running(sid))[1]

@@ -4,6 +4,11 @@ A deliberately small HTTP/1.1 client over asyncio streams with a keep-alive pool
 both ends of this protocol are ours, and on the exec hot path httpx cost ten times the CPU
 (1.2 ms against 0.12 ms per call, measured in one run). No retries here: an exec must never
 run twice. Errors come back as ``AgentError`` with the agent's own message.
+
+Every wait has a deadline, so an agent that accepts a connection and never answers (stopped,
+deadlocked, starved) gives ``AgentTimeout`` instead of a hang: a fixed one (``timeout``) for
+most calls, the command's own timeout plus that for an exec. Streamed bodies (uploads,
+downloads) are bounded per chunk, not in total, so big files still go through.
 """
 
 from __future__ import annotations
@@ -12,13 +17,15 @@ import asyncio
 import contextlib
 import json
 import struct
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from types import EllipsisType
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 _PTY_FRAME = struct.Struct(">BI")
 _CHUNK = 1 << 16
 _MAX_IDLE = 8
+_T = TypeVar("_T")
 
 
 class AgentError(Exception):
@@ -28,6 +35,13 @@ class AgentError(Exception):
         super().__init__(detail)
         self.status = status
         self.detail = detail
+
+
+class AgentTimeout(AgentError):
+    """The agent accepted the request but did not answer in time (a 504 to our clients)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(504, detail)
 
 
 class AgentUnreachable(AgentError):
@@ -45,23 +59,27 @@ class AgentResponse:
     closed) once the body has been read to its end."""
 
     def __init__(self, client: AgentClient, conn: _Stream, status: int,
-                 headers: dict[str, str]) -> None:
+                 headers: dict[str, str], idle: float | None) -> None:
         self._client, self._conn = client, conn
         self.status_code, self.headers = status, headers
+        self._idle = idle  # the longest wait for the next piece of the body
         self._done = False
+
+    async def _within(self, coro: Awaitable[_T]) -> _T:
+        return await _within(coro, self._idle, self._client.address)
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         reader = self._conn[0]
         try:
             if self.headers.get("transfer-encoding", "").lower() == "chunked":
-                while size := int((await reader.readline()).split(b";")[0], 16):
-                    yield await reader.readexactly(size)
-                    await reader.readline()
-                await reader.readline()
+                while size := int((await self._within(reader.readline())).split(b";")[0], 16):
+                    yield await self._within(reader.readexactly(size))
+                    await self._within(reader.readline())
+                await self._within(reader.readline())
             else:
                 remaining = int(self.headers.get("content-length", "0"))
                 while remaining:
-                    data = await reader.read(min(remaining, _CHUNK))
+                    data = await self._within(reader.read(min(remaining, _CHUNK)))
                     if not data:
                         raise asyncio.IncompleteReadError(b"", remaining)
                     remaining -= len(data)
@@ -94,13 +112,14 @@ class AgentResponse:
 
 
 class AgentClient:
-    def __init__(self, address: str, token: str | None = None) -> None:
+    def __init__(self, address: str, token: str | None = None, timeout: float = 30.0) -> None:
         kind, _, rest = address.partition(":")
         if kind not in ("unix", "tcp"):
             raise ValueError(f"agent address must be unix:PATH or tcp:HOST:PORT, got {address!r}")
         self.address = address
         self._kind, self._target = kind, rest
         self._token = token
+        self.timeout = timeout
         self._idle: list[_Stream] = []
 
     async def close(self) -> None:
@@ -124,8 +143,18 @@ class AgentClient:
 
     async def request(self, method: str, path: str, params: dict[str, Any] | None = None,
                       json_body: Any = None, content: bytes | AsyncIterator[bytes] | None = None,
-                      extra_headers: str = "") -> AgentResponse:
-        """Send a request and read the response head; the caller reads (or closes) the body."""
+                      extra_headers: str = "", deadline: float | None | EllipsisType = ...
+                      ) -> AgentResponse:
+        """Send a request and read the response head; the caller reads (or closes) the body.
+
+        ``deadline`` bounds each wait for the agent (``None``: no bound); the default is
+        this client's ``timeout``.
+        """
+        limit = self.timeout if isinstance(deadline, EllipsisType) else deadline
+
+        async def within(coro: Awaitable[_T]) -> _T:
+            return await _within(coro, limit, self.address)
+
         target = f"{path}?{urlencode(params)}" if params else path
         head = f"{method} {target} HTTP/1.1\r\nHost: agent\r\n{extra_headers}"
         if self._token:
@@ -147,19 +176,20 @@ class AgentClient:
                 if isinstance(content, bytes):
                     writer.write(content)
                 elif content is not None:
-                    await writer.drain()
-                    status = await self._interim_status(reader)
+                    await within(writer.drain())
+                    status = await within(self._interim_status(reader))
                     if status != 100:  # refused up front: that was the final answer
-                        return await self._finish_head(conn, status)
+                        return await within(self._finish_head(conn, status, limit))
                     async for chunk in content:
                         if chunk:
                             writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                            await writer.drain()
+                            await within(writer.drain())
                     writer.write(b"0\r\n\r\n")
-                await writer.drain()
+                await within(writer.drain())
             except ConnectionError:
                 pass  # the agent may have refused the request early: its answer is readable
-            return await self._finish_head(conn, await self._interim_status(reader))
+            status = await within(self._interim_status(reader))
+            return await within(self._finish_head(conn, status, limit))
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 ValueError, IndexError) as e:
             writer.close()
@@ -176,12 +206,13 @@ class AgentClient:
             await reader.readuntil(b"\r\n")
         return status
 
-    async def _finish_head(self, conn: _Stream, status: int) -> AgentResponse:
+    async def _finish_head(self, conn: _Stream, status: int,
+                           idle: float | None) -> AgentResponse:
         headers: dict[str, str] = {}
         while (line := await conn[0].readuntil(b"\r\n")) != b"\r\n":
             key, _, value = line.decode("latin-1").partition(":")
             headers[key.strip().lower()] = value.strip()
-        return AgentResponse(self, conn, status, headers)
+        return AgentResponse(self, conn, status, headers, idle)
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
         r = await self.request(method, path, **kw)
@@ -193,14 +224,19 @@ class AgentClient:
     async def health(self, timeout: float = 5.0) -> dict[str, Any]:
         return await asyncio.wait_for(self._call("GET", "/health"), timeout)
 
+    def _exec_deadline(self, req: dict[str, Any]) -> float | None:
+        """The agent answers an exec when the command ends, by its timeout at the latest."""
+        return None if not req.get("timeout") else float(req["timeout"]) + self.timeout
+
     async def exec(self, req: dict[str, Any], fence: int | None = None) -> dict[str, Any]:
         """Run a command; fence is an exclusive-exec lock's token, which the agent checks."""
-        return await self._call("POST", "/exec", json_body=req, extra_headers=_fence(fence))
+        return await self._call("POST", "/exec", json_body=req, extra_headers=_fence(fence),
+                                deadline=self._exec_deadline(req))
 
     async def exec_stream(self, req: dict[str, Any],
                           fence: int | None = None) -> AsyncIterator[dict[str, Any]]:
         r = await self.request("POST", "/exec", json_body={**req, "stream": True},
-                               extra_headers=_fence(fence))
+                               extra_headers=_fence(fence), deadline=self._exec_deadline(req))
         if r.status_code >= 400:
             raise AgentError(r.status_code, _detail(await r.aread()))
         try:
@@ -254,6 +290,7 @@ class AgentClient:
         r = await self.request("GET", "/pty", {"argv": json.dumps(argv), "cols": cols,
                                                "rows": rows},
                                extra_headers="Upgrade: orchard-pty\r\nConnection: Upgrade\r\n")
+        # A PTY session is interactive: it may rightly stay quiet for any length of time.
         if r.status_code != 101:
             raise AgentError(r.status_code, _detail(await r.aread()))
         # The connection now carries PTY frames: it leaves the pool for good.
@@ -289,6 +326,18 @@ class PtyChannel:
         self._writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
+
+
+async def _within(coro: Awaitable[_T], seconds: float | None, address: str) -> _T:
+    if seconds is None:
+        return await coro
+    try:
+        return await asyncio.wait_for(coro, seconds)
+    except TimeoutError:
+        raise AgentTimeout(
+            f"the agent at {address} accepted the request but did not answer within "
+            f"{seconds:g}s; the sandbox may be hung or overloaded: retry, or delete and "
+            "recreate it") from None
 
 
 def _fence(token: int | None) -> str:

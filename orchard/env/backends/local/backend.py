@@ -64,7 +64,8 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, data_dir: Path, ready_timeout: float = 30.0,
-                 die_with_orchestrator: bool = False, model_proxy: str | None = None) -> None:
+                 die_with_orchestrator: bool = False, model_proxy: str | None = None,
+                 cache_dir: Path | None = None) -> None:
         if os.geteuid() != 0:
             raise BackendError(
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
@@ -84,15 +85,16 @@ class LocalBackend:
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         self.ready_timeout = ready_timeout
         # An embedded orchestrator's sandboxes must not outlive its process (nobody could
-        # re-adopt them); a standalone one's do, so a restart can re-adopt them.
-        self.die_with_orchestrator = die_with_orchestrator
+        # re-adopt them); a standalone one's do, so a restart can re-adopt them. The embedded
+        # one's holders park on this pipe, whose write end only this process holds (it is
+        # close-on-exec), so they end with it even after a SIGKILL. bwrap's --die-with-parent
+        # is not enough: it ends the outer bwrap, but the holder itself lives on.
+        self._holder_lifeline = os.pipe() if die_with_orchestrator else None
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}
-        self.images = ImageStore(data_dir / "images")
-        self.bundle = ensure_bundle(data_dir / "bundle")
-        # One cgroup group per data dir: the orphan pass deletes every cgroup in its group
-        # that has no record, so orchestrators sharing a host must not share a group.
-        data_key = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
-        self.cgroups = CgroupManager(f"orchard/{data_key}")
+        cache = cache_dir or data_dir
+        self.images = ImageStore(cache / "images")
+        self.bundle = ensure_bundle(cache / "bundle")
+        self.cgroups = CgroupManager(cgroup_group(data_dir))
         self.seccomp_path = write_filter(data_dir / "seccomp.bpf")
         self.launch_sh = data_dir / "launch.sh"
         self.launch_sh.write_text(_LAUNCH_SH)
@@ -180,16 +182,20 @@ class LocalBackend:
         except (ValueError, CgroupError) as e:
             shutil.rmtree(sdir, ignore_errors=True)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
-        # The holder blocks reading this pipe; it also inherits the write end, so the read
-        # can never see EOF, whoever else dies.
-        block_r, block_w = os.pipe()
+        if self._holder_lifeline is not None:
+            block_r, block_w = self._holder_lifeline[0], None
+        else:
+            # The holder blocks reading this pipe; it also inherits the write end, so the
+            # read can never see EOF, whoever else dies.
+            block_r, block_w = os.pipe()
         try:
             with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
                 argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r)
+                fds = (bpf.fileno(), block_r) if block_w is None else (bpf.fileno(), block_r,
+                                                                       block_w)
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    pass_fds=(bpf.fileno(), block_r, block_w), start_new_session=True,
-                    env={"PATH": USER_PATH},
+                    pass_fds=fds, start_new_session=True, env={"PATH": USER_PATH},
                 )
             self._launchers[spec.sandbox_id] = proc
             if spec.model_proxy:
@@ -201,8 +207,9 @@ class LocalBackend:
             await self.delete(spec.sandbox_id)
             raise
         finally:
-            os.close(block_r)
-            os.close(block_w)
+            if block_w is not None:
+                os.close(block_r)
+                os.close(block_w)
         return SandboxHandle(
             sandbox_id=spec.sandbox_id,
             address=f"unix:{self.socket_path(spec.sandbox_id)}",
@@ -238,8 +245,6 @@ class LocalBackend:
         ]
         if spec.block_network:
             bwrap.append("--unshare-net")
-        if self.die_with_orchestrator:
-            bwrap.append("--die-with-parent")
         # The holder never gets past --block-fd, so the command is never run.
         bwrap += ["--block-fd", str(block_fd), "--", "/.orchard/never-run"]
         return [
@@ -386,7 +391,26 @@ class LocalBackend:
         self._teardown_pool.shutdown(wait=True)
         self.cgroups.remove_group()
         os.close(self._lifeline)
+        if self._holder_lifeline is not None:
+            for fd in self._holder_lifeline:
+                os.close(fd)
+            self._holder_lifeline = None
         await asyncio.to_thread(self._zygote.wait)
+
+
+def cgroup_group(data_dir: Path) -> str:
+    """One cgroup group per data dir: the orphan pass deletes every cgroup in its group that
+    has no record, so orchestrators sharing a host must not share a group."""
+    return f"orchard/{hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]}"
+
+
+def remove_leftovers(data_dir: Path) -> None:
+    """Kill whatever is left in a dead orchestrator's cgroups below ``data_dir``, remove them."""
+    cgroups = CgroupManager(cgroup_group(data_dir))
+    for sid in cgroups.list():
+        with contextlib.suppress(CgroupError):
+            cgroups.kill(sid)
+    cgroups.remove_group()
 
 
 def _proxy_address(url: str) -> tuple[str, int]:
