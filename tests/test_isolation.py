@@ -257,19 +257,24 @@ def test_a_sandbox_at_its_pids_limit_answers_503_not_silence(client: httpx.Clien
         hog = run(client, sid, command="while :; do sleep 600 & done", background=True)
         assert wait_until(lambda: cgroup_file(sid, "pids.current").strip() == "32", 20, 0.1)
 
-        def read_file(_: int) -> httpx.Response:
+        def call(i: int) -> httpx.Response:
             # A client of its own each: the orchestrator must open new agent connections.
             with httpx.Client(base_url=orchestrator, timeout=30) as c:
+                if i % 2:
+                    return c.post(f"/sandboxes/{sid}/exec", json={"command": "true"})
                 return c.get(f"/sandboxes/{sid}/files", params={"path": "/etc/hostname"})
 
         with ThreadPoolExecutor(32) as pool:
-            answers = list(pool.map(read_file, range(32)))
+            answers = list(pool.map(call, range(48)))
         odd = [r.text for r in answers if r.status_code not in (200, 503)]
         assert not odd, odd
-        refused = [r for r in answers if r.status_code == 503]
-        assert refused, [r.status_code for r in answers]  # more than the pool's idle connections
-        assert "pids limit" in refused[0].json()["detail"], refused[0].text
-        assert refused[0].headers["retry-after"] == "1"
+        # Every route maps the agent's 503 the same way (exec used to turn it into a 400).
+        for route in ("/exec", "/files"):
+            refused = [r for r in answers
+                       if r.status_code == 503 and r.request.url.path.endswith(route)]
+            assert refused, (route, [r.status_code for r in answers])
+            assert "pids limit" in refused[0].json()["detail"], refused[0].text
+            assert refused[0].headers["retry-after"] == "1"
 
         killed = client.delete(f"/sandboxes/{sid}/processes/{hog['process_id']}")
         assert killed.status_code == 200, killed.text

@@ -21,8 +21,8 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchard.env.agent.client import AgentError, AgentUnreachable
-from orchard.env.errors import BadRequest, Conflict, NotFound, Overloaded, ServiceError, TooLarge
+from orchard.env.agent.client import AgentError
+from orchard.env.errors import BadRequest, ServiceError, TooLarge, from_agent
 from orchard.env.events import payload
 from orchard.env.schema import (
     CreateSandboxRequest,
@@ -129,14 +129,6 @@ class _AuthError(ServiceError):
         self.status = status
 
 
-def _agent_errors(e: AgentError, sid: str) -> ServiceError:
-    if isinstance(e, AgentUnreachable):
-        return Conflict(f"sandbox {sid} is not reachable ({e.detail}); it may have crashed: "
-                        "check GET /sandboxes/{id} and recreate it")
-    err = {404: NotFound, 409: Conflict, 413: TooLarge, 503: Overloaded}.get(e.status, BadRequest)
-    return err(e.detail)
-
-
 def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     settings = service.settings
     app = FastAPI(title="Orchard Env", version=__version__, lifespan=lifespan,
@@ -164,7 +156,7 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
             try:
                 return await awaitable
             except AgentError as e:
-                raise _agent_errors(e, sid) from None
+                raise from_agent(e, sid) from None
         return call
 
     secured = [Depends(auth)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from orchard.env.agent.client import AgentError, AgentUnreachable
+
 
 class ServiceError(Exception):
     status = 500
@@ -37,3 +39,23 @@ class Overloaded(ServiceError):
 
     def __init__(self, detail: str, retry_after: float = 1.0) -> None:
         super().__init__(detail, {"Retry-After": str(max(1, round(retry_after)))})
+
+
+class AgentTimedOut(ServiceError):
+    status = 504
+
+
+_AGENT_STATUS: dict[int, type[ServiceError]] = {
+    404: NotFound, 409: Conflict, 413: TooLarge, 503: Overloaded, 504: AgentTimedOut}
+
+
+def from_agent(e: AgentError, sid: str) -> ServiceError:
+    """The one mapping of an agent's error to ours, for every sandbox route.
+
+    The agent's own status is kept where it means the same to our clients (a 503 at the pids
+    limit stays a retryable 503); anything else it refuses is the request's fault (400).
+    """
+    if isinstance(e, AgentUnreachable):
+        return Conflict(f"sandbox {sid} is not reachable ({e.detail}); it may have crashed: "
+                        f"check GET /sandboxes/{sid} and recreate it")
+    return _AGENT_STATUS.get(e.status, BadRequest)(e.detail)

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
-from orchard.env.agent.client import AgentClient, AgentError, AgentUnreachable
+from orchard.env.agent.client import AgentClient, AgentError
 from orchard.env.backends.base import (
     Backend,
     BackendError,
@@ -28,7 +28,14 @@ from orchard.env.backends.base import (
     SpecRejected,
 )
 from orchard.env.config import Settings
-from orchard.env.errors import BadRequest, Conflict, NotFound, Overloaded, WaitTimedOut
+from orchard.env.errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    Overloaded,
+    WaitTimedOut,
+    from_agent,
+)
 from orchard.env.events import EventLog
 from orchard.env.metrics import Metrics
 from orchard.env.quantities import parse_cpu, parse_memory
@@ -517,10 +524,7 @@ class SandboxService:
             job.status, job.error, job.completed_at = JobStatus.failed, e.detail, _utc()
             self.metrics.execs.labels("error").inc()
             await self.events.exec(rec, req, job, started)
-            if isinstance(e, AgentUnreachable):
-                raise Conflict(f"sandbox {job.sandbox_id} is not reachable ({e.detail}); it may "
-                               "have crashed: check GET /sandboxes/{id} and recreate it") from None
-            raise (Conflict if e.status == 409 else BadRequest)(e.detail) from None
+            raise from_agent(e, job.sandbox_id) from None
         finally:
             self.metrics.exec_seconds.observe(time.perf_counter() - t0)
         self.metrics.execs.labels("timeout" if result.get("timed_out") else "ok").inc()
@@ -533,11 +537,8 @@ class SandboxService:
         if req.background:
             try:
                 info = await agent.start_process(self._agent_request(req))
-            except AgentUnreachable as e:
-                raise Conflict(f"sandbox {sid} is not reachable ({e.detail}); it may have "
-                               "crashed: check GET /sandboxes/{id} and recreate it") from None
             except AgentError as e:
-                raise BadRequest(e.detail) from None
+                raise from_agent(e, sid) from None
             await self.events.record(
                 rec, EventKind.process, info["started_at"], process_id=info["process_id"],
                 command=req.command, argv=req.argv, cwd=req.cwd, env=req.env,

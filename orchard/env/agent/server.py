@@ -630,6 +630,10 @@ class Conn:
             return route(self, method, path, query, headers) is not False
         except HTTPError as e:
             return self.send_error(e.status, e.detail, headers)
+        except BlockingIOError:
+            # EAGAIN from fork or a new thread: the pids limit. Retryable, like a refused
+            # connection at the limit, once the sandbox's processes are fewer.
+            return self.send_error(503, _OUT_OF_PIDS_DETAIL, headers)
         except Exception as e:  # noqa: BLE001 - report, never kill the agent
             return self.send_error(500, f"agent error: {type(e).__name__}: {e}", headers)
         return True
@@ -916,10 +920,10 @@ def _serve(sock, token):
     Conn(sock, token).serve()
 
 
-_OUT_OF_PIDS = (
-    b'{"detail":"the sandbox is at its pids limit: the agent cannot start a thread for this '
-    b'request; kill processes in the sandbox (or create it with a larger pids) and retry"}'
-)
+_OUT_OF_PIDS_DETAIL = (
+    "the sandbox is at its pids limit: the agent cannot start a process or thread for this "
+    "request; kill processes in the sandbox (or create it with a larger pids) and retry")
+_OUT_OF_PIDS = json.dumps({"detail": _OUT_OF_PIDS_DETAIL}).encode()
 
 
 def main(argv):
