@@ -43,6 +43,10 @@ WORKDIR = "/workspace"
 CHUNK = 1 << 16
 PROCESS_BUFFER = 1 << 20
 DRAIN_LIMIT = 1 << 20
+# How long an exec keeps reading after its command exited, for output still in the pipes.
+# Processes it left running in the background may hold the pipes open for ever: past this,
+# their output is drained and dropped.
+EXIT_GRACE = 0.1
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 401: "Unauthorized",
     404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
@@ -260,10 +264,13 @@ def run_exec(req, emit=None):
     if stdin_data is not None:
         os.set_blocking(proc.stdin.fileno(), False)
         sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+    # Readable once the command itself has exited, whoever still holds its pipes.
+    exit_fd = os.pidfd_open(proc.pid)
+    sel.register(exit_fd, selectors.EVENT_READ)
     deadline = None if timeout is None else started + float(timeout)
     timed_out = False
     grace_end = None
-    while sel.get_map():
+    while len(sel.get_map()) > (exit_fd in sel.get_map()):
         wait = None
         if grace_end is not None:
             wait = grace_end - _now()
@@ -271,13 +278,18 @@ def run_exec(req, emit=None):
             wait = deadline - _now()
         if wait is not None and wait <= 0:
             if grace_end is not None:
-                break  # an escaped process holds the pipe open: stop reading
+                break  # a process left behind holds the pipes open: stop reading
             timed_out = True
             kill_tree(proc.pid, exec_id)
             grace_end = _now() + 1.0
             continue
         for key, _ in sel.select(wait):
             fd = key.fd
+            if fd == exit_fd:
+                sel.unregister(exit_fd)
+                if grace_end is None:
+                    grace_end = _now() + EXIT_GRACE
+                continue
             if stdin_data is not None and proc.stdin is not None and fd == proc.stdin.fileno():
                 try:
                     n = os.write(fd, stdin_data[:CHUNK])
@@ -301,12 +313,18 @@ def run_exec(req, emit=None):
             buf.add(data)
             if emit is not None:
                 emit(name, data)
+    held = sel.get_map().keys() - {exit_fd}  # pipes not at end-of-file
     sel.close()
-    if timed_out or grace_end is not None:
+    os.close(exit_fd)
+    if timed_out:
         kill_tree(proc.pid, exec_id)
     code = _wait(proc)
-    for f in (proc.stdout, proc.stderr, proc.stdin):
-        if f is not None and not f.closed:
+    if proc.stdin is not None and not proc.stdin.closed:
+        proc.stdin.close()
+    for f in (proc.stdout, proc.stderr):
+        if f.fileno() in held and not timed_out:
+            _DRAINER.adopt(f)
+        else:
             f.close()
     result = {"exit_code": 124 if timed_out else code, "timed_out": timed_out,
               "started_at": started, "completed_at": _now()}
@@ -314,6 +332,43 @@ def run_exec(req, emit=None):
         _text_or_b64(buf.value(), name, result)
         result[name + "_dropped"] = buf.dropped
     return result
+
+
+class _Drainer:
+    """Reads and drops what processes left behind by an exec still write to its pipes.
+
+    Closing the pipes instead would kill them with SIGPIPE on their next write (a server's
+    access log, say). One thread serves every such pipe, started on first use; epoll sees a
+    pipe registered while it waits, so no wake-up is needed.
+    """
+
+    def __init__(self):
+        self._sel = None
+        self._lock = threading.Lock()
+
+    def adopt(self, f):
+        with self._lock:
+            if self._sel is None:
+                self._sel = selectors.EpollSelector()
+                threading.Thread(target=self._run, daemon=True).start()
+            self._sel.register(f.fileno(), selectors.EVENT_READ, f)
+
+    def _run(self):
+        while True:
+            for key, _ in self._sel.select():
+                try:
+                    data = os.read(key.fd, CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    with self._lock:
+                        self._sel.unregister(key.fd)
+                    key.data.close()
+
+
+_DRAINER = _Drainer()
 
 
 def _exit_code(code):
@@ -340,8 +395,17 @@ class BackgroundProcess:
         names = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
         for fd in names:
             sel.register(fd, selectors.EVENT_READ)
+        # The process has ended when it exits, even if what it left running keeps writing
+        # (their output still lands in its buffers).
+        exit_fd = os.pidfd_open(self.proc.pid)
+        sel.register(exit_fd, selectors.EVENT_READ)
         while sel.get_map():
             for key, _ in sel.select():
+                if key.fd == exit_fd:
+                    sel.unregister(exit_fd)
+                    os.close(exit_fd)
+                    self.exit_code = _wait(self.proc)
+                    continue
                 data = os.read(key.fd, CHUNK)
                 if not data:
                     sel.unregister(key.fd)
@@ -354,10 +418,8 @@ class BackgroundProcess:
                         del buf[:extra]
                         self.base[names[key.fd]] += extra
         sel.close()
-        code = _wait(self.proc)
         self.proc.stdout.close()
         self.proc.stderr.close()
-        self.exit_code = code
 
     def info(self):
         return {"process_id": self.id, "command": self.command, "pid": self.proc.pid,
@@ -841,7 +903,20 @@ def run_pty(c, query):
         kill_tree(proc.pid, exec_id)
 
     threading.Thread(target=pump_input, daemon=True).start()
-    while True:
+    # The session ends when its command exits, even if a process it left (nohup ...) still
+    # holds the terminal, after a grace for the output still in flight.
+    sel = selectors.DefaultSelector()
+    sel.register(master, selectors.EVENT_READ)
+    exit_fd = os.pidfd_open(proc.pid)
+    sel.register(exit_fd, selectors.EVENT_READ)
+    grace_end = None
+    while grace_end is None or _now() < grace_end:
+        ready = sel.select(None if grace_end is None else max(0.0, grace_end - _now()))
+        if any(key.fd == exit_fd for key, _ in ready):
+            sel.unregister(exit_fd)
+            grace_end = _now() + EXIT_GRACE
+        if not any(key.fd == master for key, _ in ready):
+            continue
         try:
             data = os.read(master, CHUNK)
         except OSError:  # EIO: the terminal's last writer has gone
@@ -849,6 +924,8 @@ def run_pty(c, query):
         if not data:
             break
         frame(0, data)
+    sel.close()
+    os.close(exit_fd)
     code = _wait(proc)
     os.close(master)
     frame(2, str(code).encode())
