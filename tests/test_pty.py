@@ -57,6 +57,16 @@ def test_echo_and_exit_code(orchestrator: str, sandbox: str) -> None:
             ws.recv(timeout=10)
 
 
+def test_the_session_ends_when_its_shell_exits_despite_setsid(orchestrator: str,
+                                                             sandbox: str) -> None:
+    """A process left holding the terminal used to keep the session open for ever."""
+    with connect(ws_url(orchestrator, sandbox), open_timeout=30) as ws:
+        ws.send(b"setsid sleep 300 & echo bg-$((1 + 1))\n")
+        read_until(ws, b"bg-2")
+        ws.send(b"exit 5\n")
+        assert exit_frame(ws) == {"exit_code": 5}
+
+
 def test_resize_changes_the_terminal_size(orchestrator: str, sandbox: str) -> None:
     with connect(ws_url(orchestrator, sandbox, cols="100", rows="30"), open_timeout=30) as ws:
         ws.send(b"echo size=$(stty size)=\n")
