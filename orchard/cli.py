@@ -210,7 +210,9 @@ def create(
     pids: Annotated[int | None, typer.Option(help="Max processes.")] = None,
     network: Annotated[bool, typer.Option(help="Allow outbound network access.")] = False,
     label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable).")] = None,
-    timeout: Annotated[float | None, typer.Option(help="Time to live in seconds.")] = None,
+    ttl: Annotated[float | None, typer.Option(help="Time to live in seconds.")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds it may take to become ready.")] = None,
 ) -> None:
     """Create a sandbox, wait until it is ready and print its id."""
     with ctx.obj.client() as client:
@@ -221,6 +223,7 @@ def create(
             memory=memory,
             pids=pids,
             labels=_labels(label or []),
+            ttl=ttl,
             timeout=timeout,
         )
     typer.echo(sandbox.id)
@@ -390,12 +393,17 @@ def rm(ctx: typer.Context, sandbox_ids: list[str]) -> None:
     with ctx.obj.client() as client:
         for sandbox_id in sandbox_ids:
             try:
-                client.delete_sandbox(sandbox_id)
+                found = client.delete_sandbox(sandbox_id).found
             except OrchardError as exc:
                 stderr.print(f"[red]error:[/] {escape(sandbox_id)}: {escape(str(exc))}")
                 failed = True
             else:
-                typer.echo(sandbox_id)
+                if not found:
+                    stderr.print(f"[red]error:[/] {escape(sandbox_id)}: no such sandbox "
+                                 "(see `orchard sandbox ls`)")
+                    failed = True
+                else:
+                    typer.echo(sandbox_id)
     if failed:
         raise typer.Exit(1)
 

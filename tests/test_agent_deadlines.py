@@ -84,3 +84,26 @@ def test_the_sandbox_answers_again_once_its_agent_runs(
     assert r.status_code == 504, r.text
     os.kill(pid, signal.SIGCONT)
     assert run(http, sid, command="echo back", timeout_seconds=5)["stdout"] == "back\n"
+
+
+def test_a_blocking_exec_past_its_wait_margin_answers_with_the_job_to_follow(
+        data_dir: Path, orchestrator: str) -> None:
+    """The reference system's contract: a blocking exec answers by its timeout plus a margin;
+    a job still running then comes back as {job_id, status} and is followed with GET /jobs."""
+    del orchestrator
+    with dedicated_orchestrator(data_dir, agent_timeout=30, exec_wait_margin=1,
+                                reconcile_interval=600) as url, \
+            httpx.Client(base_url=url, timeout=60) as http:
+        sid = create_ready(http, {"image": "host"})
+        pid = _agent_pid(url, sid)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            r = http.post(f"/sandboxes/{sid}/exec",
+                          json={"command": "echo done", "timeout_seconds": 1})
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert r.status_code == 200, r.text
+        accepted = r.json()
+        assert set(accepted) == {"job_id", "status"} and accepted["status"] == "running"
+        job = http.get(f"/jobs/{accepted['job_id']}/wait", params={"timeout": 30}).json()
+        assert (job["status"], job["stdout"]) == ("succeeded", "done\n"), job

@@ -358,7 +358,7 @@ def test_exec_in_deleted_sandbox(http: httpx.Client) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_exec_validation_errors(http: httpx.Client, sandbox: str, stream: bool) -> None:
-    r = exec_raw(http, sandbox, command="true", timeout_seconds=0, stream=stream)
+    r = exec_raw(http, sandbox, command="true", timeout_seconds=-1, stream=stream)
     assert r.status_code == 422
     r = exec_raw(http, sandbox, command="true", bogus=1, stream=stream)
     assert r.status_code == 422

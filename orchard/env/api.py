@@ -53,6 +53,7 @@ from orchard.env.state.base import LockTimeout, StoreUnavailable
 from orchard.version import __version__
 
 MAX_SEQ = 2**63 - 1  # event seqs are SQLite/Redis 64-bit integers
+MAX_WAIT = 3600.0  # the longest server-side wait; longer ones are cut to it
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 408, 409, 413, 503)
@@ -228,15 +229,16 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
 
     @app.get("/sandboxes/{sid}/wait", response_model=SandboxInfo, dependencies=secured,
              responses=ERRORS)
-    async def wait_sandbox(sid: str, timeout: Annotated[float, Query(gt=0, le=3600)] = 60
+    async def wait_sandbox(sid: str, timeout: Annotated[float, Query(gt=0)] = 60
                            ) -> SandboxInfo:
-        return await service.wait(sid, timeout)
+        # Longer waits are cut to an hour, not refused: the reference SDK asks for its whole
+        # readiness deadline at once.
+        return await service.wait(sid, min(timeout, MAX_WAIT))
 
     @app.delete("/sandboxes/{sid}", response_model=DeleteResponse, dependencies=secured,
                 responses=ERRORS)
     async def delete_sandbox(sid: str) -> DeleteResponse:
-        await service.delete(sid)
-        return DeleteResponse(sandbox_id=sid)
+        return DeleteResponse(sandbox_id=sid, found=await service.delete(sid))
 
     @app.post("/sandboxes/{sid}/heartbeat", response_model=SandboxInfo, dependencies=secured,
               responses=ERRORS)
@@ -258,8 +260,8 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
         return await service.get_job(job_id)
 
     @app.get("/jobs/{job_id}/wait", response_model=Job, dependencies=secured, responses=ERRORS)
-    async def wait_job(job_id: str, timeout: Annotated[float, Query(gt=0, le=3600)] = 60) -> Job:
-        return await service.wait_job(job_id, timeout)
+    async def wait_job(job_id: str, timeout: Annotated[float, Query(gt=0)] = 60) -> Job:
+        return await service.wait_job(job_id, min(timeout, MAX_WAIT))
 
     @app.post("/sandboxes/{sid}/apply_patch", response_model=PatchResponse, dependencies=secured,
               responses=ERRORS)

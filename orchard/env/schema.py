@@ -11,12 +11,22 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    computed_field,
+    field_validator,
+    model_validator,
+)
 
 SANDBOX_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # a DNS label: also a pod name
 # The recording proxy's session ids (they name its files): one rollout, one session.
 SESSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_OUTPUT_BYTES_DEFAULT = 10 * 1024 * 1024
+# What an exec without a timeout gets, as in the reference system: an unbounded command would
+# outlive its client's read timeout, and clients retry.
+DEFAULT_EXEC_TIMEOUT = 300.0
 
 
 class SandboxStatus(StrEnum):
@@ -54,8 +64,12 @@ class CreateSandboxRequest(_Strict):
     memory: str | None = Field(None, description="Memory limit, e.g. '512Mi', '8Gi'.")
     pids: int | None = Field(None, ge=8, le=1_000_000, description="Max processes.")
     timeout: float | None = Field(
-        None, gt=0, le=7 * 24 * 3600, description="TTL in seconds (default: server's, 2 h)."
-    )
+        None, gt=0, le=7 * 24 * 3600,
+        description="Seconds the sandbox may take to become ready before it is failed "
+        "(default: the server's pending_timeout). Not its lifetime: that is 'ttl'.")
+    ttl: float | None = Field(
+        None, gt=0, le=7 * 24 * 3600,
+        description="Seconds the sandbox lives (default: the server's default_ttl, 2 h).")
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
     env: dict[str, str] = Field(default_factory=dict, description="Default env for every exec.")
     exclusive_exec: bool = Field(
@@ -95,7 +109,8 @@ class LimitReport(BaseModel):
 
 class SandboxInfo(BaseModel):
     sandbox_id: str
-    status: SandboxStatus
+    status: SandboxStatus = Field(
+        description="pending, running (= ready), failed, deleting or deleted.")
     image: str
     block_network: bool
     cpu: str | None = None
@@ -104,6 +119,8 @@ class SandboxInfo(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
     ready_at: datetime | None = None
+    ready_deadline: datetime | None = Field(
+        None, description="A sandbox still pending then is failed.")
     expires_at: datetime | None = None
     last_heartbeat: datetime | None = None
     error: str | None = None
@@ -115,6 +132,15 @@ class SandboxInfo(BaseModel):
     model_base_url: str | None = Field(
         None, description="The recording proxy's OpenAI base URL as seen from inside the "
         "sandbox (also in every exec's OPENAI_BASE_URL); set when model_proxy was asked for.")
+    namespace: str | None = Field(None, description="The Kubernetes namespace of its pod.")
+
+    @computed_field(description="Whether it runs commands: status is running.")
+    def ready(self) -> bool:
+        return self.status == SandboxStatus.running
+
+    @computed_field(description="Why it failed or was deleted; the same as 'error'.")
+    def status_message(self) -> str | None:
+        return self.error
 
 
 class SandboxList(BaseModel):
@@ -124,16 +150,23 @@ class SandboxList(BaseModel):
 class DeleteResponse(BaseModel):
     sandbox_id: str
     status: Literal["deleted"] = "deleted"
+    found: bool = Field(True, description="False: there was no such sandbox (or it was "
+                        "pruned long ago); deleting is idempotent, so this is no error.")
 
 
 class ExecRequest(_Strict):
-    command: str | None = Field(
+    command: str | list[str] | None = Field(
         None, description="Shell command: run by /bin/bash -c when the image has bash, else "
-        "/bin/sh -c.")
+        "/bin/sh -c. A list is joined with spaces into one such command (the reference "
+        "SDK's form); for a program and its arguments without a shell, use 'argv'.")
     argv: list[str] | None = Field(None, min_length=1, description="Run without a shell.")
-    timeout_seconds: float | None = Field(None, gt=0, le=24 * 3600)
+    timeout_seconds: float | None = Field(
+        None, ge=0, le=24 * 3600, validate_default=True,
+        description=f"Kill the command after this many seconds; absent, null or 0: "
+        f"{DEFAULT_EXEC_TIMEOUT:g}.")
     cwd: str | None = Field(None, max_length=4096)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] | None = Field(None, validate_default=True,
+                                       description="Added to the sandbox's env.")
     login_shell: bool = False
     wait: bool = Field(True, description="Return the finished job; false returns job_id at once.")
     stdin: str | None = Field(None, description="Text fed to stdin; otherwise stdin is closed.")
@@ -141,6 +174,21 @@ class ExecRequest(_Strict):
     max_output_bytes: int = Field(MAX_OUTPUT_BYTES_DEFAULT, ge=0, le=1 << 30)
     background: bool = Field(False, description="Start a long-lived process; see /processes.")
     stream: bool = Field(False, description="Stream output as NDJSON events while it runs.")
+
+    @field_validator("command")
+    @classmethod
+    def _join_list(cls, v: str | list[str] | None) -> str | None:
+        return " ".join(v) if isinstance(v, list) else v
+
+    @field_validator("timeout_seconds")
+    @classmethod
+    def _default_timeout(cls, v: float | None) -> float:
+        return v or DEFAULT_EXEC_TIMEOUT
+
+    @field_validator("env")
+    @classmethod
+    def _no_env_is_empty(cls, v: dict[str, str] | None) -> dict[str, str]:
+        return v or {}
 
     @model_validator(mode="after")
     def _one_program(self) -> ExecRequest:

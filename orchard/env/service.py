@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,6 +56,10 @@ from orchard.env.state.base import LockLost, LockTimeout, StateStore
 
 log = logging.getLogger("orchard.env")
 LIVE = (SandboxStatus.pending, SandboxStatus.running)
+
+
+# How long a request to a sandbox that is still starting waits for it.
+PENDING_REQUEST_WAIT = 15.0
 
 
 def _exit_line(job: Job) -> bytes:
@@ -204,9 +208,11 @@ class SandboxService:
             sandbox_id=sid, status=SandboxStatus.pending, image=req.image,
             block_network=req.block_network, cpu=req.cpu, memory=req.memory, pids=req.pids,
             labels=req.labels, created_at=_utc(now),
-            expires_at=_utc(now + (req.timeout or self.settings.default_ttl)),
+            ready_deadline=_utc(now + (req.timeout or self.settings.pending_timeout)),
+            expires_at=_utc(now + (req.ttl or self.settings.default_ttl)),
             backend=self.backend.name, exclusive_exec=req.exclusive_exec, replica=self.replica,
             session=req.session, model_base_url=model_base_url,
+            namespace=getattr(self.backend, "namespace", None),
         )
         async with self.store.lock(f"record:{sid}", ttl=15, timeout=30):
             existing = await self.store.get_sandbox(sid)
@@ -218,7 +224,8 @@ class SandboxService:
         await self.events.record(rec, EventKind.created, now, image=req.image,
                                  block_network=req.block_network, cpu=req.cpu,
                                  memory=req.memory, pids=req.pids, env=req.env,
-                                 model_proxy=req.model_proxy, timeout=req.timeout)
+                                 model_proxy=req.model_proxy, timeout=req.timeout,
+                                 ttl=req.ttl)
         self.creates_in_flight += 1
         self._launches[sid] = asyncio.create_task(self._launch(spec))
         return rec
@@ -272,13 +279,12 @@ class SandboxService:
                         raise WaitTimedOut(f"sandbox {sid} not ready after {timeout}s; "
                                            "wait again")
                 rec = await self.get(sid)
-        if rec.status == SandboxStatus.failed:
-            raise Conflict(f"sandbox {sid} failed to start: {rec.error}")
-        if rec.status == SandboxStatus.deleted:
-            raise Conflict(f"sandbox {sid} was deleted")
+        # A failed or deleted sandbox is an answer too: its status and status_message say
+        # so (clients check `ready`), as the reference system does.
         return rec
 
-    async def delete(self, sid: str, reason: str = "deleted by request") -> None:
+    async def delete(self, sid: str, reason: str = "deleted by request") -> bool:
+        """Delete a sandbox; False if there was none by that id (deleting is idempotent)."""
         changed = False
 
         def change(rec: SandboxInfo) -> bool:
@@ -293,10 +299,11 @@ class SandboxService:
 
         rec = await self._update(sid, change)
         if rec is None:
-            raise NotFound(f"no sandbox {sid!r}; nothing to delete")
+            return False
         if changed:
             await self.events.record(rec, EventKind.deleted, reason=reason)
         self._start_teardown(sid)
+        return True
 
     def _start_teardown(self, sid: str) -> None:
         if sid not in self._teardowns:
@@ -347,8 +354,9 @@ class SandboxService:
         if rec.last_heartbeat and (now - rec.last_heartbeat.timestamp()
                                    > self.settings.heartbeat_timeout):
             return "heartbeat timed out"
-        if rec.status == SandboxStatus.pending and (
-                now - rec.created_at.timestamp() > self.settings.pending_timeout):
+        deadline = (rec.ready_deadline.timestamp() if rec.ready_deadline
+                    else rec.created_at.timestamp() + self.settings.pending_timeout)
+        if rec.status == SandboxStatus.pending and now > deadline:
             return "pending timeout: never became ready"
         return None
 
@@ -410,6 +418,11 @@ class SandboxService:
         rec = await self.store.get_sandbox(sid)
         if rec is None or rec.status == SandboxStatus.deleted:
             raise NotFound(f"no sandbox {sid!r}; list them with GET /sandboxes")
+        if rec.status == SandboxStatus.pending:
+            # A request right after a create that did not wait waits for the start, briefly,
+            # rather than failing a client that raced its own sandbox.
+            with contextlib.suppress(WaitTimedOut):
+                rec = await self.wait(sid, PENDING_REQUEST_WAIT)
         if rec.status != SandboxStatus.running:
             hint = {"pending": f"wait for it with GET /sandboxes/{sid}/wait",
                     "failed": f"it failed: {rec.error}; delete and recreate it"}
@@ -545,15 +558,28 @@ class SandboxService:
                 login_shell=req.login_shell)
             return ProcessInfo(sandbox_id=sid, **{**info, "started_at": _utc(info["started_at"])})
         job = self._new_job(sid, req)
-        if req.wait:
-            try:
-                await self._run_job(rec, agent, job, req)
-            finally:
-                await self.store.put_job(job)
-            return job
-        await self.store.put_job(job)
-        self._spawn(self._background_job(rec, agent, job, req))
-        return JobAccepted(job_id=job.job_id, status=job.status)
+        if not req.wait:
+            await self.store.put_job(job)
+            self._spawn(self._settle(job, self._run_job(rec, agent, job, req)))
+            return JobAccepted(job_id=job.job_id, status=job.status)
+        run = asyncio.ensure_future(self._run_job(rec, agent, job, req))
+        try:
+            # The answer waits for the command up to its timeout plus a margin (a queue for
+            # the exclusive lock, a slow agent); past that the client polls the job.
+            done, _ = await asyncio.wait({run}, timeout=(req.timeout_seconds or 0)
+                                         + self.settings.exec_wait_margin)
+        except asyncio.CancelledError:  # the client hung up: the command runs on, recorded
+            self._spawn(self._settle(job, run))
+            raise
+        if not done:
+            await self.store.put_job(job)
+            self._spawn(self._settle(job, run))
+            return JobAccepted(job_id=job.job_id, status=job.status)
+        try:
+            run.result()
+        finally:
+            await self.store.put_job(job)
+        return job
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """A task that stop() waits for."""
@@ -561,10 +587,10 @@ class SandboxService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _background_job(self, rec: SandboxInfo, agent: AgentClient, job: Job,
-                              req: ExecRequest) -> None:
+    async def _settle(self, job: Job, run: Awaitable[Job]) -> None:
+        """Finish a job nobody waits for, and record how it ended."""
         with contextlib.suppress(Exception):
-            await self._run_job(rec, agent, job, req)
+            await run
         if job.status == JobStatus.running:  # e.g. Overloaded while queued for the lock
             job.status, job.completed_at = JobStatus.failed, _utc()
             job.error = job.error or "the job could not start; see the orchestrator's log"

@@ -120,7 +120,7 @@ class RolloutContext:
         """A sandbox with the task's repository ready in ``task.workdir``; deleted after."""
         with self.timed():
             sandbox = open_task_sandbox(self.client, self.task, labels=self.labels,
-                                        session=self.rollout_id, timeout=self.sandbox_timeout,
+                                        session=self.rollout_id, ttl=self.sandbox_timeout,
                                         cpu=self.cpu, memory=self.memory)
         try:
             with self.timed():

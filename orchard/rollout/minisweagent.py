@@ -159,8 +159,8 @@ class OrchardEnvironment:
         try:
             return self._client.create_sandbox(
                 c.image, block_network=c.block_network, cpu=c.cpu, memory=c.memory, pids=c.pids,
-                timeout=c.sandbox_timeout, labels=c.labels, session=c.session,
-                wait_timeout=c.startup_timeout)
+                ttl=c.sandbox_timeout, labels=c.labels, session=c.session,
+                timeout=c.startup_timeout)
         except ConnectError as e:
             raise SandboxUnavailable(
                 f"cannot reach the Orchard orchestrator at {self._client.base_url} ({e}); start "

@@ -105,7 +105,7 @@ def grade(client: SandboxClient, task: Task, patch: str | None, *,
                        grading_seconds=time.monotonic() - start)
     sandbox = open_task_sandbox(client, task, labels={"orchard.dev/purpose": "grading",
                                                       **(labels or {})},
-                                timeout=timeout + 600)
+                                ttl=timeout + 600)
     sandbox_id = sandbox.id
     try:
         try:

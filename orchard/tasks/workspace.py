@@ -43,14 +43,14 @@ class Workspace:
 
 
 def open_task_sandbox(client: SandboxClient, task: Task, *, labels: dict[str, str],
-                      session: str | None = None, timeout: float | None = None,
+                      session: str | None = None, ttl: float | None = None,
                       cpu: str | None = None, memory: str | None = None,
                       model_proxy: bool = False, startup_timeout: float = 120.0) -> Sandbox:
     """A sandbox from the task's image, network blocked, not yet prepared."""
     return client.create_sandbox(
-        task.image, block_network=True, cpu=cpu, memory=memory, timeout=timeout,
+        task.image, block_network=True, cpu=cpu, memory=memory, ttl=ttl,
         labels=labels, env=SANDBOX_ENV, session=session, model_proxy=model_proxy,
-        wait_timeout=startup_timeout)
+        timeout=startup_timeout)
 
 
 def repo_archive(task: Task) -> bytes | Path | None:

@@ -31,6 +31,8 @@ from orchard.env.client import errors
 from orchard.env.client.base import (
     API,
     CHUNK_SIZE,
+    DEFAULT_READY_TIMEOUT,
+    WAIT_MARGIN,
     BaseClient,
     Call,
     ExecEvent,
@@ -62,6 +64,8 @@ class AsyncSandboxClient(BaseClient):
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         cleanup_on_close: bool = True,
+        auto_cleanup: bool | None = None,
+        prefix: str | None = None,
     ) -> None:
         super().__init__(
             base_url,
@@ -69,6 +73,8 @@ class AsyncSandboxClient(BaseClient):
             timeout=timeout,
             retry=retry,
             cleanup_on_close=cleanup_on_close,
+            auto_cleanup=auto_cleanup,
+            prefix=prefix,
         )
         self._http = httpx.AsyncClient(**self._http_options())
 
@@ -118,25 +124,30 @@ class AsyncSandboxClient(BaseClient):
         cpu: str | None = None,
         memory: str | None = None,
         pids: int | None = None,
+        ttl: float | None = None,
         timeout: float | None = None,
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         session: str | None = None,
         model_proxy: bool = False,
         wait: bool = True,
-        wait_timeout: float = 120.0,
     ) -> AsyncSandbox:
-        """Create a sandbox and, unless ``wait=False``, wait until it can run commands."""
-        request = schema.CreateSandboxRequest(
-            image=image, block_network=block_network, sandbox_id=sandbox_id, cpu=cpu,
-            memory=memory, pids=pids, timeout=timeout, labels=dict(labels or {}),
+        """Create a sandbox and, unless ``wait=False``, wait until it can run commands.
+
+        ``timeout``: seconds it may take to become ready (the server fails it after that;
+        default 120 s of waiting here and the server's pending_timeout there). ``ttl``:
+        seconds it lives (default: the server's, 2 h).
+        """
+        request = self.create_request(
+            image, sandbox_id, block_network=block_network, cpu=cpu, memory=memory,
+            pids=pids, ttl=ttl, timeout=timeout, labels=dict(labels or {}),
             env=dict(env or {}), session=session, model_proxy=model_proxy,
         )  # fmt: skip
         sandbox = AsyncSandbox(self, await self._call(API.create_sandbox(request)))
         self._remember(sandbox.id)
         if wait:
             try:
-                await sandbox.wait_ready(wait_timeout)
+                await sandbox.wait_ready(timeout or DEFAULT_READY_TIMEOUT)
             except errors.OrchardError:
                 await self._discard(sandbox.id)  # the caller gets no handle to delete it with
                 raise
@@ -222,7 +233,7 @@ class AsyncSandbox(SandboxBase):
         self.info = await self._client._call(API.get_sandbox(self.id))
         return self.info
 
-    async def wait_ready(self, timeout: float = 120.0) -> schema.SandboxInfo:
+    async def wait_ready(self, timeout: float = DEFAULT_READY_TIMEOUT) -> schema.SandboxInfo:
         """Raises :class:`SandboxNotReady` if it failed, :class:`WaitTimeout` if still pending."""
         self.info = await self._client._call(API.wait_sandbox(self.id, timeout))
         return self.info
@@ -241,7 +252,11 @@ class AsyncSandbox(SandboxBase):
         self, command: str | Sequence[str], **options: Unpack[ExecOptions]
     ) -> ExecResult:
         """Run to completion. A string goes through ``/bin/sh -c``; a list is an argv."""
-        return await self._client._call(API.exec(self.id, exec_request(command, **options)))
+        result = await self._client._call(API.exec(self.id, exec_request(command, **options)))
+        # The server stopped waiting (a hung agent, a long queue): follow the job instead.
+        while not isinstance(result, ExecResult) or not result.finished:
+            result = await self._client.wait_job(result.job_id, WAIT_MARGIN)
+        return result
 
     async def submit(
         self, command: str | Sequence[str], **options: Unpack[ExecOptions]

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,15 +38,20 @@ CHUNK_SIZE = 1 << 20
 # Long-poll and blocking-exec calls get a read timeout of the server-side wait plus this much,
 # so the server's own answer (a result or a clean 408) arrives before the client gives up.
 WAIT_MARGIN = 30.0
+# How long create_sandbox waits for readiness unless told otherwise.
+DEFAULT_READY_TIMEOUT = 120.0
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 
 def resolve_config(base_url: str | None, api_key: str | None) -> tuple[str, str | None]:
-    """Arguments win over ``ORCHARD_URL`` / ``ORCHARD_API_KEY``, which win over defaults."""
-    url = base_url or os.environ.get("ORCHARD_URL") or DEFAULT_URL
-    key = api_key if api_key is not None else os.environ.get("ORCHARD_API_KEY") or None
+    """Arguments win over ``ORCHARD_URL`` / ``ORCHARD_API_KEY``, then the reference SDK's
+    ``SANDBOX_BASE_URL`` / ``SANDBOX_API_KEY``, then defaults."""
+    env = os.environ.get
+    url = base_url or env("ORCHARD_URL") or env("SANDBOX_BASE_URL") or DEFAULT_URL
+    key = api_key if api_key is not None else (
+        env("ORCHARD_API_KEY") or env("SANDBOX_API_KEY") or None)
     return url.rstrip("/"), key
 
 
@@ -354,10 +360,18 @@ class API:
 
     @staticmethod
     def wait_sandbox(sandbox_id: str, timeout: float) -> Call[schema.SandboxInfo]:
+        def ready(response: httpx.Response) -> schema.SandboxInfo:
+            info = schema.SandboxInfo.model_validate_json(response.content)
+            if info.status in (schema.SandboxStatus.failed, schema.SandboxStatus.deleted):
+                raise errors.SandboxNotReady(
+                    sandbox_id, f"sandbox {sandbox_id} is {info.status.value}: {info.error}",
+                    response.status_code)
+            return info
+
         return Call(
             "GET",
             f"/sandboxes/{_seg(sandbox_id)}/wait",
-            _model(schema.SandboxInfo),
+            ready,
             params=[("timeout", str(timeout))],
             timeout=_long(timeout),
             not_ready=sandbox_id,
@@ -388,8 +402,16 @@ class API:
         )
 
     @staticmethod
-    def exec(sandbox_id: str, request: schema.ExecRequest) -> Call[ExecResult]:
-        return API._exec(sandbox_id, request, _model(ExecResult))
+    def exec(sandbox_id: str, request: schema.ExecRequest
+             ) -> Call[ExecResult | schema.JobAccepted]:
+        """The finished job, or (if it outlasted its timeout plus a margin) its id to follow."""
+        def parse(response: httpx.Response) -> ExecResult | schema.JobAccepted:
+            body = response.json()
+            if "sandbox_id" not in body:
+                return schema.JobAccepted.model_validate(body)
+            return ExecResult.model_validate(body)
+
+        return API._exec(sandbox_id, request, parse)
 
     @staticmethod
     def submit(sandbox_id: str, request: schema.ExecRequest) -> Call[schema.JobAccepted]:
@@ -585,10 +607,15 @@ class BaseClient:
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         cleanup_on_close: bool = True,
+        auto_cleanup: bool | None = None,
+        prefix: str | None = None,
     ) -> None:
+        """``auto_cleanup`` is the reference SDK's name for ``cleanup_on_close``; ``prefix``
+        (or ``SANDBOX_PREFIX``) starts every sandbox id this client makes up or is given."""
         self.base_url, self.api_key = resolve_config(base_url, api_key)
         self.retry_policy = retry or RetryPolicy()
-        self.cleanup_on_close = cleanup_on_close
+        self.cleanup_on_close = cleanup_on_close if auto_cleanup is None else auto_cleanup
+        self.prefix = prefix or os.environ.get("SANDBOX_PREFIX") or None
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
         self._created: dict[str, None] = {}  # an ordered set: delete in creation order
         self._signal_cleanup: SignalCleanup | None = None
@@ -613,6 +640,12 @@ class BaseClient:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r})"
+
+    def create_request(self, image: str, sandbox_id: str | None, **fields: Any
+                       ) -> schema.CreateSandboxRequest:
+        if self.prefix and not (sandbox_id or "").startswith(f"{self.prefix}-"):
+            sandbox_id = f"{self.prefix}-{sandbox_id or uuid.uuid4().hex[:8]}"
+        return schema.CreateSandboxRequest(image=image, sandbox_id=sandbox_id, **fields)
 
     @property
     def headers(self) -> dict[str, str]:
