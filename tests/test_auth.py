@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-import orchard.env.api as api_module
+import orchard.env.auth as auth_module
 import orchard.env.server as server_module
 from orchard.env.client import AuthenticationError, SandboxClient
 from tests.conftest import create_ready, dedicated_orchestrator, needs_root, run
@@ -192,7 +192,7 @@ def test_pty_websocket_refuses_a_bad_key(secured: str, sid: str, headers: dict,
 
 def test_keys_are_compared_in_constant_time(secured: str, sid: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    source = inspect.getsource(api_module._check_key)
+    source = inspect.getsource(auth_module.check_key)
     assert "hmac.compare_digest" in source, source
     assert not re.search(r"(given|key)\s*[!=]=|[!=]=\s*(given|key)\b", source), source
     calls: list[tuple[bytes, bytes]] = []
@@ -202,7 +202,7 @@ def test_keys_are_compared_in_constant_time(secured: str, sid: str,
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(api_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(auth_module.hmac, "compare_digest", spy)
     with httpx.Client(base_url=secured, timeout=30) as http:
         for given, status in (("k1", 200), ("k2", 200), ("kx", 403)):
             calls.clear()

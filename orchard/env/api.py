@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import hashlib
-import hmac
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import Depends, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import Depends, FastAPI, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
@@ -22,8 +19,10 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.env.agent.client import AgentError
+from orchard.env.auth import check_key, given_key
 from orchard.env.errors import BadRequest, ServiceError, TooLarge, from_agent
 from orchard.env.events import payload
+from orchard.env.pty_bridge import serve_pty
 from orchard.env.schema import (
     CreateSandboxRequest,
     DeleteResponse,
@@ -111,25 +110,6 @@ async def _nothing() -> Message:
     return {"type": "http.disconnect"}
 
 
-def _check_key(keys: list[str], given: str | None) -> None:
-    if not keys:
-        return
-    if not given:
-        raise _AuthError(401, "missing API key: send it in the X-API-Key header")
-    # Compare against every key so the time taken says nothing about which one nearly matched.
-    ok = False
-    for key in keys:
-        ok |= hmac.compare_digest(given.encode(), key.encode())
-    if not ok:
-        raise _AuthError(403, "invalid API key")
-
-
-class _AuthError(ServiceError):
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-
-
 def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     settings = service.settings
     app = FastAPI(title="Orchard Env", version=__version__, lifespan=lifespan,
@@ -137,8 +117,7 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.max_json_body)
 
     async def auth(request: Request) -> None:  # async: a sync one costs a thread hop
-        _check_key(settings.api_keys, request.headers.get("x-api-key")
-                   or _bearer(request.headers.get("authorization")))
+        check_key(settings.api_keys, given_key(request))
 
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
@@ -395,50 +374,10 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     # --- PTY ------------------------------------------------------------------------------
 
     @app.websocket("/sandboxes/{sid}/exec/pty")
-    async def pty(ws: WebSocket, sid: str, command: str = "/bin/sh", cols: int = 80,
-                  rows: int = 24) -> None:
-        try:
-            _check_key(settings.api_keys, ws.headers.get("x-api-key")
-                       or _bearer(ws.headers.get("authorization")))
-            argv = ["/bin/sh", "-c", f"exec {command}"] if " " in command else [command]
-            channel = await (await service.agent(sid)).open_pty(argv, cols, rows)
-        except (ServiceError, AgentError) as e:
-            # Accept first: a close before accept is an HTTP 403 that loses code and reason.
-            await ws.accept()
-            await ws.close(code=1008, reason=str(e).encode()[:120].decode(errors="ignore"))
-            return
-        await ws.accept()
-
-        async def to_sandbox() -> None:
-            with contextlib.suppress(WebSocketDisconnect):
-                while True:
-                    msg = await ws.receive()
-                    if msg["type"] == "websocket.disconnect":
-                        break
-                    if msg.get("bytes") is not None:
-                        await channel.send(msg["bytes"])
-                    elif msg.get("text"):
-                        resize = json.loads(msg["text"]).get("resize")
-                        if resize:
-                            await channel.resize(int(resize[0]), int(resize[1]))
-            await channel.close()
-
-        pump = asyncio.create_task(to_sandbox())
-        try:
-            while True:
-                kind, payload = await channel.recv()
-                if kind == "data":
-                    await ws.send_bytes(payload)
-                    continue
-                if kind == "exit":
-                    await ws.send_text(json.dumps({"exit_code": int(payload)}))
-                break
-            await ws.close()
-        except (WebSocketDisconnect, RuntimeError):
-            pass
-        finally:
-            pump.cancel()
-            await channel.close()
+    async def pty(ws: WebSocket, sid: str) -> None:
+        """Two framings: ours (``?command=``, binary frames) and the reference system's
+        (JSON frames, an ``init`` frame first); see docs/api.md#pty."""
+        await serve_pty(ws, service, sid)
 
     return app
 
@@ -452,12 +391,6 @@ def _seg(value: str) -> str:
     its request line as they are: a raw space, '?' or CR/LF would smuggle in a query, headers
     or a second request and leave the pooled connection out of step (seen by fuzzing)."""
     return quote(value, safe="")
-
-
-def _bearer(value: str | None) -> str | None:
-    if value and value.lower().startswith("bearer "):
-        return value[7:].strip()
-    return None
 
 
 def _label_filter(items: list[str]) -> dict[str, str]:

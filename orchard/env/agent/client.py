@@ -286,23 +286,30 @@ class AgentClient:
     async def patch(self, req: dict[str, Any]) -> dict[str, Any]:
         return await self._call("POST", "/patch", json_body=req)
 
-    async def open_pty(self, argv: list[str], cols: int, rows: int) -> PtyChannel:
-        r = await self.request("GET", "/pty", {"argv": json.dumps(argv), "cols": cols,
-                                               "rows": rows},
+    async def open_pty(self, argv: list[str], cols: int, rows: int,
+                       env: dict[str, str] | None = None, cwd: str | None = None) -> PtyChannel:
+        params: dict[str, Any] = {"argv": json.dumps(argv), "cols": cols, "rows": rows}
+        if env:
+            params["env"] = json.dumps(env)
+        if cwd:
+            params["cwd"] = cwd
+        r = await self.request("GET", "/pty", params,
                                extra_headers="Upgrade: orchard-pty\r\nConnection: Upgrade\r\n")
         # A PTY session is interactive: it may rightly stay quiet for any length of time.
         if r.status_code != 101:
             raise AgentError(r.status_code, _detail(await r.aread()))
         # The connection now carries PTY frames: it leaves the pool for good.
         conn, r._conn = r._conn, None
-        return PtyChannel(*conn)
+        return PtyChannel(*conn, pid=int(r.headers.get("x-pty-pid", "0")) or None)
 
 
 class PtyChannel:
     """A framed byte channel to a PTY session in the sandbox."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 pid: int | None = None) -> None:
         self._reader, self._writer = reader, writer
+        self.pid = pid  # the PTY's process, as the sandbox sees it
 
     async def send(self, data: bytes) -> None:
         self._writer.write(_PTY_FRAME.pack(0, len(data)) + data)
@@ -311,6 +318,12 @@ class PtyChannel:
     async def resize(self, cols: int, rows: int) -> None:
         payload = f"{cols},{rows}".encode()
         self._writer.write(_PTY_FRAME.pack(1, len(payload)) + payload)
+        await self._writer.drain()
+
+    async def signal(self, name: str) -> None:
+        """Send a signal (TERM, INT, KILL, ... or a number) to the PTY's process group."""
+        payload = name.encode()
+        self._writer.write(_PTY_FRAME.pack(2, len(payload)) + payload)
         await self._writer.drain()
 
     async def recv(self) -> tuple[str, bytes]:

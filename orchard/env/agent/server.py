@@ -875,12 +875,18 @@ def run_pty(c, query):
     master, slave = pty.openpty()
     _set_winsize(master, int(query.get("cols", 80)), int(query.get("rows", 24)))
     exec_id = _next_id("t")
-    env = {"TERM": query.get("term", "xterm-256color")}
-    proc = _spawn_pty({"argv": argv, "env": env}, exec_id, slave)
+    try:
+        env = {"TERM": query.get("term", "xterm-256color"), **json.loads(query.get("env", "{}"))}
+    except ValueError:
+        raise HTTPError(400, "'env' must be a JSON object of strings") from None
+    cwd = query.get("cwd") or (WORKDIR if os.path.isdir(WORKDIR) else "/")
+    if not os.path.isdir(cwd):
+        raise HTTPError(400, f"cwd {cwd!r} is not a directory in the sandbox; create it first")
+    proc = _spawn_pty({"argv": argv, "env": env, "cwd": cwd}, exec_id, slave)
     os.close(slave)
     c.responded = True
     c.sock.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: orchard-pty\r\n"
-                   b"Connection: Upgrade\r\n\r\n")
+                   b"Connection: Upgrade\r\nX-Pty-Pid: %d\r\n\r\n" % proc.pid)
 
     def frame(kind, payload):
         c.sock.sendall(struct.pack(">BI", kind, len(payload)) + payload)
@@ -898,6 +904,8 @@ def run_pty(c, query):
                 elif kind == 1:
                     cols, rows = payload.decode().split(",")
                     _set_winsize(master, int(cols), int(rows))
+                elif kind == 2:
+                    _signal_group(proc.pid, payload.decode())
         except OSError:
             pass
         kill_tree(proc.pid, exec_id)
@@ -941,11 +949,20 @@ def _spawn_pty(req, exec_id, slave):
     try:
         return _tracked(
             req["argv"], env={**os.environ, **req["env"], MARKER: exec_id},
-            cwd=WORKDIR if os.path.isdir(WORKDIR) else "/", stdin=slave, stdout=slave,
+            cwd=req["cwd"], stdin=slave, stdout=slave,
             stderr=slave, start_new_session=True, preexec_fn=make_controlling_tty,
         )
     except FileNotFoundError:
         raise HTTPError(400, f"command not found in the sandbox: {req['argv'][0]!r}") from None
+
+
+def _signal_group(pid, name):
+    """Signal a PTY's process group by name (TERM, SIGINT, ...) or number; unknown: ignored."""
+    name = name.upper().removeprefix("SIG")
+    signum = int(name) if name.isdigit() else getattr(signal, "SIG" + name, None)
+    if signum is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+            os.killpg(pid, signum)
 
 
 def _set_winsize(fd, cols, rows):
