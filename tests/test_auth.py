@@ -240,3 +240,36 @@ def test_cli_serve_refuses_a_public_host_without_keys() -> None:
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "--api-key" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("how", ["query", "subprotocol", "none", "wrong"])
+def test_the_reference_pty_client_authenticates_by_query_or_subprotocol(
+        secured: str, sid: str, how: str) -> None:
+    """Its WebSocket client cannot set headers: the key comes as ?api_key= (what its SDK
+    sends) or as an `api_key.<key>` subprotocol, which the server echoes back."""
+    import base64
+    import json
+
+    url = f"{secured.replace('http://', 'ws://')}/sandboxes/{sid}/exec/pty"
+    options: dict = {}
+    if how == "query":
+        url += "?api_key=k2"
+    elif how == "subprotocol":
+        options["subprotocols"] = ["api_key.k1"]
+    elif how == "wrong":
+        url += "?api_key=kx"
+    with connect(url, open_timeout=30, **options) as ws:
+        if how in ("none", "wrong"):  # refused before any frame of the client's is read
+            first = json.loads(ws.recv(timeout=20))
+            assert first["type"] == "error", first
+            assert ("missing API key" if how == "none" else "invalid API key") in first["message"]
+            return
+        if how == "subprotocol":
+            assert ws.subprotocol == "api_key.k1"
+        ws.send(json.dumps({"type": "init", "cmd": ["echo", "in"], "rows": 24, "cols": 80}))
+        first = json.loads(ws.recv(timeout=20))
+        assert first["type"] == "ready", first
+        out = b""
+        while (frame := json.loads(ws.recv(timeout=20)))["type"] == "stdout":
+            out += base64.b64decode(frame["data"])
+        assert b"in" in out and frame == {"type": "exit", "code": 0}, (out, frame)
