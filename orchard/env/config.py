@@ -44,6 +44,9 @@ class Settings(BaseModel):
     agent_timeout: float = Field(
         30, gt=0, description="Seconds the orchestrator waits for a sandbox agent's answer "
         "(an exec waits its own timeout plus this).")
+    egress_refresh: float = Field(
+        30, gt=0, description="Seconds between re-resolutions of the host names in sandboxes' "
+        "egress allow-lists (local backend).")
     exec_wait_margin: float = Field(
         30, gt=0, description="A blocking exec answers by its timeout plus this, finished or "
         "not; an unfinished one answers {job_id, status} for the client to follow.")

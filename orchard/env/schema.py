@@ -7,6 +7,8 @@ unchanged) and extend it. Byte payloads that may not be UTF-8 travel as ``*_b64`
 from __future__ import annotations
 
 import base64
+import ipaddress
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -24,9 +26,26 @@ SANDBOX_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # a DNS label: als
 # The recording proxy's session ids (they name its files): one rollout, one session.
 SESSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_OUTPUT_BYTES_DEFAULT = 10 * 1024 * 1024
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)"
+                       r"(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\.?$", re.IGNORECASE)
 # What an exec without a timeout gets, as in the reference system: an unbounded command would
 # outlive its client's read timeout, and clients retry.
 DEFAULT_EXEC_TIMEOUT = 300.0
+
+
+def parse_egress_entry(entry: str) -> IPNetwork | str:
+    """An address or network (``10.1.2.0/24``, ``2001:db8::1``) or a host name (lower-case,
+    no trailing dot); else ValueError saying what an entry may be."""
+    text = entry.strip()
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        pass
+    if _HOSTNAME.match(text) and not text.replace(".", "").isdigit():
+        return text.rstrip(".").lower()
+    raise ValueError(f"egress entry {entry!r} is neither an IP address, a CIDR network "
+                     "(10.1.2.0/24) nor a host name (pypi.org)")
 
 
 class SandboxStatus(StrEnum):
@@ -57,8 +76,14 @@ class CreateSandboxRequest(_Strict):
         max_length=4096,
     )
     block_network: bool = Field(
-        True, description="True: a network namespace with loopback only. False: the HOST's "
-        "network, including its loopback services (see docs/guides/security.md).")
+        True, description="True: a network namespace with loopback only. False: its own "
+        "network namespace with outbound access to the public internet (not to the host, "
+        "other sandboxes or private ranges; see docs/guides/security.md).")
+    egress: list[str] | None = Field(
+        None, max_length=256,
+        description="With block_network false: the only destinations it may reach, as IP "
+        "addresses, CIDR networks or host names (re-resolved while it lives); private "
+        "ranges may be listed. Default: the public internet.")
     sandbox_id: Annotated[str | None, Field(pattern=SANDBOX_ID_PATTERN)] = None
     cpu: str | None = Field(None, description="CPU limit in cores, e.g. '2' or '500m'.")
     memory: str | None = Field(None, description="Memory limit, e.g. '512Mi', '8Gi'.")
@@ -82,6 +107,20 @@ class CreateSandboxRequest(_Strict):
         False, description="Let the sandbox reach the orchestrator's recording proxy (and, "
         "with block_network, nothing else): execs get OPENAI_BASE_URL pointing at it under "
         "this sandbox's session. Needs `session` and a server started with --model-proxy.")
+
+    @field_validator("egress")
+    @classmethod
+    def _egress_entries(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        return [str(parse_egress_entry(e)) for e in v]
+
+    @model_validator(mode="after")
+    def _egress_needs_network(self) -> CreateSandboxRequest:
+        if self.egress is not None and self.block_network:
+            raise ValueError("egress is an allow-list for a networked sandbox: set "
+                             "block_network to false with it")
+        return self
 
     @model_validator(mode="after")
     def _proxy_needs_session(self) -> CreateSandboxRequest:
@@ -133,6 +172,7 @@ class SandboxInfo(BaseModel):
         None, description="The recording proxy's OpenAI base URL as seen from inside the "
         "sandbox (also in every exec's OPENAI_BASE_URL); set when model_proxy was asked for.")
     namespace: str | None = Field(None, description="The Kubernetes namespace of its pod.")
+    egress: list[str] | None = None
 
     @computed_field(description="Whether it runs commands: status is running.")
     def ready(self) -> bool:

@@ -36,7 +36,8 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
         from orchard.env.backends.local.backend import LocalBackend
 
         return LocalBackend(settings.data_dir / "local", die_with_orchestrator=embedded,
-                            model_proxy=settings.model_proxy, cache_dir=settings.cache_dir)
+                            model_proxy=settings.model_proxy, cache_dir=settings.cache_dir,
+                            egress_refresh=settings.egress_refresh)
     if settings.backend == "kubernetes":
         from orchard.env.backends.kubernetes import KubernetesBackend
 

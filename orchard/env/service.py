@@ -186,7 +186,7 @@ class SandboxService:
             env = {**model_env(model_base_url, req.session or ""), **req.env}
         spec = SandboxSpec(sandbox_id=sid, image=req.image, block_network=req.block_network,
                            cpu=req.cpu, memory=req.memory, pids=req.pids, env=env,
-                           labels=req.labels, model_proxy=req.model_proxy)
+                           labels=req.labels, model_proxy=req.model_proxy, egress=req.egress)
         try:
             self.backend.check(spec)
             cpu = parse_cpu(req.cpu) if req.cpu is not None else None
@@ -212,7 +212,7 @@ class SandboxService:
             expires_at=_utc(now + (req.ttl or self.settings.default_ttl)),
             backend=self.backend.name, exclusive_exec=req.exclusive_exec, replica=self.replica,
             session=req.session, model_base_url=model_base_url,
-            namespace=getattr(self.backend, "namespace", None),
+            namespace=getattr(self.backend, "namespace", None), egress=req.egress,
         )
         async with self.store.lock(f"record:{sid}", ttl=15, timeout=30):
             existing = await self.store.get_sandbox(sid)
@@ -225,7 +225,7 @@ class SandboxService:
                                  block_network=req.block_network, cpu=req.cpu,
                                  memory=req.memory, pids=req.pids, env=req.env,
                                  model_proxy=req.model_proxy, timeout=req.timeout,
-                                 ttl=req.ttl)
+                                 ttl=req.ttl, egress=req.egress)
         self.creates_in_flight += 1
         self._launches[sid] = asyncio.create_task(self._launch(spec))
         return rec

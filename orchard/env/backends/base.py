@@ -29,6 +29,7 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     agent_token: str | None = None  # when set, the agent refuses requests without it
     model_proxy: bool = False  # let it reach the recording proxy (see Backend.model_base_url)
+    egress: list[str] | None = None  # with block_network False: the only destinations allowed
 
 
 class SpecRejected(ValueError):

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -29,13 +30,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
-from orchard.env.backends.local import zygote
+from orchard.env.backends.local import network, zygote
 from orchard.env.backends.local.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from orchard.env.backends.local.seccomp import write_filter
-from orchard.env.schema import LimitReport
+from orchard.env.schema import LimitReport, parse_egress_entry
 
+log = logging.getLogger("orchard.env")
 CTL_MOUNT = "/.orchard/ctl"
 SOCKET_NAME = "agent.sock"
 MODEL_SOCKET = "model.sock"
@@ -65,7 +67,7 @@ class LocalBackend:
 
     def __init__(self, data_dir: Path, ready_timeout: float = 30.0,
                  die_with_orchestrator: bool = False, model_proxy: str | None = None,
-                 cache_dir: Path | None = None) -> None:
+                 cache_dir: Path | None = None, egress_refresh: float = 30.0) -> None:
         if os.geteuid() != 0:
             raise BackendError(
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
@@ -80,6 +82,9 @@ class LocalBackend:
                                "option syntax); choose another --data-dir")
         self.model_proxy = _proxy_address(model_proxy) if model_proxy else None
         self._relays: dict[str, asyncio.Server] = {}
+        self.egress_refresh = egress_refresh
+        self._egress_seen: dict[str, list[network.IPNetwork] | None] = {}
+        self._egress_task: asyncio.Task[None] | None = None
         self.data_dir = data_dir
         self.sandboxes_dir = data_dir / "sandboxes"
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
@@ -91,6 +96,7 @@ class LocalBackend:
         # is not enough: it ends the outer bwrap, but the holder itself lives on.
         self._holder_lifeline = os.pipe() if die_with_orchestrator else None
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}
+        self._slirps: dict[str, subprocess.Popen[bytes]] = {}
         cache = cache_dir or data_dir
         self.images = ImageStore(cache / "images")
         self.bundle = ensure_bundle(cache / "bundle")
@@ -150,7 +156,8 @@ class LocalBackend:
         return {"backend": "local", **self.cgroups.layout()}
 
     async def start(self) -> None:
-        """Nothing to connect to: the zygote started with the backend."""
+        """The zygote started with the backend; only the allow-list refresh is left."""
+        self._egress_task = asyncio.create_task(self._refresh_egress_loop())
 
     def check(self, spec: SandboxSpec) -> None:
         if spec.image != "host" and not spec.image.startswith("/"):
@@ -188,11 +195,14 @@ class LocalBackend:
             # The holder blocks reading this pipe; it also inherits the write end, so the
             # read can never see EOF, whoever else dies.
             block_r, block_w = os.pipe()
+        # A networked sandbox's slirp4netns exits when this pipe's write end closes; only
+        # the holder keeps that end, so the network goes when the sandbox does.
+        net_r, net_w = os.pipe() if not spec.block_network else (-1, -1)
         try:
             with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
                 argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r)
-                fds = (bpf.fileno(), block_r) if block_w is None else (bpf.fileno(), block_r,
-                                                                       block_w)
+                fds = tuple(fd for fd in (bpf.fileno(), block_r, block_w, net_w)
+                            if fd is not None and fd >= 0)
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     pass_fds=fds, start_new_session=True, env={"PATH": USER_PATH},
@@ -202,6 +212,8 @@ class LocalBackend:
                 (sdir / "model-proxy").touch()  # so an adopting orchestrator re-opens the relay
                 await self._open_relay(spec.sandbox_id)
             holder = await self._await_holder(spec.sandbox_id, proc)
+            if not spec.block_network:
+                await asyncio.to_thread(self._attach_network, spec, holder, net_r)
             await self._fork_agent(spec, holder)
         except BaseException:
             await self.delete(spec.sandbox_id)
@@ -210,12 +222,53 @@ class LocalBackend:
             if block_w is not None:
                 os.close(block_r)
                 os.close(block_w)
+            if net_w >= 0:
+                os.close(net_r)
+                os.close(net_w)
         return SandboxHandle(
             sandbox_id=spec.sandbox_id,
             address=f"unix:{self.socket_path(spec.sandbox_id)}",
             limits={k: LimitReport(requested=v.requested, enforced=v.enforced, detail=v.detail)
                     for k, v in limits.items()},
         )
+
+    def _attach_network(self, spec: SandboxSpec, holder: int, exit_fd: int) -> None:
+        """Egress rules first, then the link: no packet leaves before the rules are in."""
+        sdir = self._dir(spec.sandbox_id)
+        allowed = None if spec.egress is None else network.resolve(spec.egress)
+        network.save_egress(sdir, spec.egress)
+        try:
+            network.apply_rules(holder, allowed)
+            self._slirps[spec.sandbox_id] = network.start_slirp(
+                holder, exit_fd, self.cgroups.procs_files(spec.sandbox_id), sdir / "launch.log")
+        except network.NetworkError as e:
+            raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
+        self._egress_seen[spec.sandbox_id] = allowed
+
+    async def refresh_egress(self) -> None:
+        """Re-resolve the names in every allow-list; apply what changed."""
+        for sdir in list(self.sandboxes_dir.iterdir()):
+            entries = network.load_egress(sdir)
+            if not entries or all(not isinstance(parse_egress_entry(e), str) for e in entries):
+                continue
+            allowed = await asyncio.to_thread(network.resolve, entries)
+            if allowed == self._egress_seen.get(sdir.name):
+                continue
+            try:
+                pid = int((sdir / "agent.pid").read_text())
+                await asyncio.to_thread(network.update_allowed, pid, allowed)
+            except (OSError, ValueError, network.NetworkError) as e:
+                log.warning("egress refresh of %s failed: %s", sdir.name, e)
+                continue
+            self._egress_seen[sdir.name] = allowed
+
+    async def _refresh_egress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.egress_refresh)
+            try:
+                await self.refresh_egress()
+            except Exception:  # noqa: BLE001 - the next pass tries again
+                log.exception("egress refresh pass failed")
 
     def _launch_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
                      seccomp_fd: int, block_fd: int) -> list[str]:
@@ -243,8 +296,13 @@ class LocalBackend:
             "--setenv", "HOME", "/root", "--setenv", "LANG", "C.UTF-8",
             "--setenv", "HOSTNAME", spec.sandbox_id[:63], "--chdir", "/",
         ]
-        if spec.block_network:
-            bwrap.append("--unshare-net")
+        # Every sandbox has a network namespace; a networked one gets its link and rules
+        # once the holder is up, and a resolver that the rules let through.
+        bwrap.append("--unshare-net")
+        if not spec.block_network:
+            (sdir / "resolv.conf").write_text(network.RESOLV_CONF)
+            bwrap[bwrap.index("--perms"):bwrap.index("--perms")] = [
+                "--ro-bind", str(sdir / "resolv.conf"), "/etc/resolv.conf"]
         # The holder never gets past --block-fd, so the command is never run.
         bwrap += ["--block-fd", str(block_fd), "--", "/.orchard/never-run"]
         return [
@@ -342,6 +400,7 @@ class LocalBackend:
             await _close(writer)
 
     async def delete(self, sandbox_id: str) -> None:
+        self._egress_seen.pop(sandbox_id, None)
         relay = self._relays.pop(sandbox_id, None)
         if relay is not None:
             relay.close()
@@ -350,9 +409,9 @@ class LocalBackend:
 
     def _delete_sync(self, sandbox_id: str) -> None:
         self.cgroups.kill(sandbox_id)
-        launcher = self._launchers.pop(sandbox_id, None)
-        if launcher is not None:
-            launcher.wait(5)
+        for child in (self._launchers.pop(sandbox_id, None), self._slirps.pop(sandbox_id, None)):
+            if child is not None:
+                child.wait(5)
         sdir = self._dir(sandbox_id)
         root = sdir / "root"
         # Only an orchestrator crash mid-launch could leave the overlay mounted on the host.
@@ -385,6 +444,8 @@ class LocalBackend:
         return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}")
 
     async def close(self) -> None:
+        if self._egress_task is not None:
+            self._egress_task.cancel()
         for relay in self._relays.values():
             relay.close()
         self._relays.clear()
