@@ -495,3 +495,25 @@ def test_system_namespace_policies(rendered: dict[str, list[Manifest]]) -> None:
     [api] = [p for p in policies.values() if p["podSelector"] != {}
              and selects(p["podSelector"]["matchLabels"], orchestrator_labels)]
     assert [r["ports"] for r in api["ingress"]] == [[{"protocol": "TCP", "port": 8000}]]
+
+
+def test_networked_pods_reach_the_public_side_and_dns_only() -> None:
+    from orchard.env.backends.base import SandboxSpec
+    from orchard.env.backends.kubernetes.config import KubernetesConfig
+    from orchard.env.backends.kubernetes.manifests import allow_egress_policy
+
+    config = KubernetesConfig()
+    policy = allow_egress_policy(SandboxSpec("sb-1", "python:3.12", block_network=False),
+                                 config)
+    rules = policy["spec"]["egress"]
+    block = rules[0]["to"][0]["ipBlock"]
+    assert block["cidr"] == "0.0.0.0/0"
+    assert set(block["except"]) == {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                    "100.64.0.0/10", "169.254.0.0/16"}
+    assert rules[1]["ports"] == [{"protocol": "UDP", "port": 53},
+                                 {"protocol": "TCP", "port": 53}]
+    listed = allow_egress_policy(SandboxSpec("sb-2", "python:3.12", block_network=False,
+                                             egress=["10.1.2.0/24", "192.0.2.7"]), config)
+    assert [p["ipBlock"] for p in listed["spec"]["egress"][0]["to"]] == [
+        {"cidr": "10.1.2.0/24"}, {"cidr": "192.0.2.7/32"}]
+    assert listed["spec"]["podSelector"] == {"matchLabels": {"orchard.dev/sandbox-id": "sb-2"}}

@@ -35,7 +35,7 @@ from orchard.env.backends.kubernetes.manifests import (
     model_egress_policy,
     pod_manifest,
 )
-from orchard.env.schema import LimitReport
+from orchard.env.schema import LimitReport, parse_egress_entry
 
 log = logging.getLogger("orchard.env.kubernetes")
 # Waiting reasons that no amount of waiting fixes: fail the create at once, saying why.
@@ -163,10 +163,20 @@ class KubernetesBackend:
 
     # --- sandboxes ------------------------------------------------------------------------
 
+    @property
+    def namespace(self) -> str:
+        return self.config.namespace
+
     def check(self, spec: SandboxSpec) -> None:
         if spec.image == "host" or spec.image.startswith("/"):
             raise SpecRejected(f"image {spec.image!r} is a local-backend image; on Kubernetes "
                                "give a container image reference such as python:3.12-slim")
+        names = [e for e in spec.egress or () if isinstance(parse_egress_entry(e), str)]
+        if names:
+            raise SpecRejected(
+                f"egress host names ({', '.join(names)}) cannot be expressed in a Kubernetes "
+                "NetworkPolicy, which matches addresses only; give IP addresses or CIDR "
+                "networks on this backend (the local backend takes names)")
 
     def _handle(self, pod: Pod) -> SandboxHandle:
         ip, sid = pod["status"]["podIP"], pod["metadata"]["name"]
@@ -187,7 +197,7 @@ class KubernetesBackend:
         try:
             if not spec.block_network:
                 await self.api("create_policy", lambda: self.net.create_namespaced_network_policy(
-                    ns, allow_egress_policy(sid, self.config), _preload_content=False))
+                    ns, allow_egress_policy(spec, self.config), _preload_content=False))
             created = await self.api("create_pod", lambda: self.core.create_namespaced_pod(
                 ns, body, _preload_content=False))
             version = int(created["metadata"]["resourceVersion"])

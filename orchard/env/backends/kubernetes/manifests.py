@@ -5,6 +5,7 @@ Pure functions of the spec and the config, so they can be read, diffed and valid
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from typing import Any
@@ -30,6 +31,11 @@ _COPY_BUNDLE = (
     "import shutil,sys;"
     f"shutil.copytree('{BUNDLE_MOUNT}','{_INJECTOR_MOUNT}',symlinks=True,dirs_exist_ok=True)"
 )
+
+
+# Not reachable from a networked pod by default (RFC 1918, RFC 6598, link-local).
+PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+                  "169.254.0.0/16")
 
 
 def allow_egress_name(sandbox_id: str) -> str:
@@ -131,17 +137,43 @@ def deny_egress_policy(config: KubernetesConfig) -> dict[str, Any]:
     }
 
 
-def allow_egress_policy(sandbox_id: str, config: KubernetesConfig) -> dict[str, Any]:
-    """The one extra object a block_network=false sandbox costs; deleted with it."""
+def allow_egress_policy(spec: SandboxSpec, config: KubernetesConfig) -> dict[str, Any]:
+    """The one extra object a block_network=false sandbox costs; deleted with it.
+
+    Without an allow-list: ``egress_cidr`` minus the private, shared and link-local ranges
+    (cluster pods and services, the nodes, cloud metadata), plus cluster DNS. With one: its
+    addresses and networks only, plus DNS. Host names cannot be expressed in a NetworkPolicy
+    (the backend refuses them before this is built).
+    """
+    if spec.egress is None:
+        cidr = ipaddress.ip_network(config.egress_cidr)
+        private = [ipaddress.IPv4Network(r) for r in PRIVATE_RANGES]
+        excepted = [str(n) for n in private if isinstance(cidr, ipaddress.IPv4Network)
+                    and n != cidr and n.subnet_of(cidr)]
+        block: dict[str, Any] = {"cidr": config.egress_cidr}
+        if excepted:
+            block["except"] = excepted
+        peers = [{"ipBlock": block}]
+    else:
+        peers = [{"ipBlock": {"cidr": str(ipaddress.ip_network(e))}} for e in spec.egress]
+    rules: list[dict[str, Any]] = [_dns_rule()]
+    if peers:
+        rules.insert(0, {"to": peers})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": allow_egress_name(sandbox_id), "namespace": config.namespace,
-                     "labels": {**MANAGED_BY, SANDBOX_ID: sandbox_id}},
-        "spec": {"podSelector": {"matchLabels": {SANDBOX_ID: sandbox_id}},
-                 "policyTypes": ["Egress"],
-                 "egress": [{"to": [{"ipBlock": {"cidr": config.egress_cidr}}]}]},
+        "metadata": {"name": allow_egress_name(spec.sandbox_id), "namespace": config.namespace,
+                     "labels": {**MANAGED_BY, SANDBOX_ID: spec.sandbox_id}},
+        "spec": {"podSelector": {"matchLabels": {SANDBOX_ID: spec.sandbox_id}},
+                 "policyTypes": ["Egress"], "egress": rules},
     }
+
+
+def _dns_rule() -> dict[str, Any]:
+    return {"to": [{"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
 
 
 def model_egress_policy(config: KubernetesConfig) -> dict[str, Any]:
@@ -162,7 +194,5 @@ def model_egress_policy(config: KubernetesConfig) -> dict[str, Any]:
                  "egress": [
                      {"to": [peer(config.model_proxy_namespace, config.model_proxy_pod_labels)],
                       "ports": [{"protocol": "TCP", "port": config.model_proxy_port}]},
-                     {"to": [peer("kube-system", {"k8s-app": "kube-dns"})],
-                      "ports": [{"protocol": "UDP", "port": 53},
-                                {"protocol": "TCP", "port": 53}]}]},
+                     _dns_rule()]},
     }
