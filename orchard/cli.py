@@ -208,7 +208,10 @@ def create(
     cpu: Annotated[str | None, typer.Option(help="CPU limit, e.g. 2 or 500m.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory limit, e.g. 512Mi.")] = None,
     pids: Annotated[int | None, typer.Option(help="Max processes.")] = None,
-    network: Annotated[bool, typer.Option(help="Allow outbound network access.")] = False,
+    network: Annotated[bool, typer.Option(
+        help="Outbound access to the public internet (not the host or private ranges).")] = False,
+    egress: Annotated[list[str] | None, typer.Option(
+        help="With --network: only this address, network or host name (repeatable).")] = None,
     label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable).")] = None,
     ttl: Annotated[float | None, typer.Option(help="Time to live in seconds.")] = None,
     timeout: Annotated[
@@ -219,6 +222,7 @@ def create(
         sandbox = client.create_sandbox(
             image,
             block_network=not network,
+            egress=egress,
             cpu=cpu,
             memory=memory,
             pids=pids,

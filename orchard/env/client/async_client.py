@@ -120,6 +120,7 @@ class AsyncSandboxClient(BaseClient):
         image: str = "host",
         *,
         block_network: bool = True,
+        egress: Sequence[str] | None = None,
         sandbox_id: str | None = None,
         cpu: str | None = None,
         memory: str | None = None,
@@ -139,7 +140,8 @@ class AsyncSandboxClient(BaseClient):
         seconds it lives (default: the server's, 2 h).
         """
         request = self.create_request(
-            image, sandbox_id, block_network=block_network, cpu=cpu, memory=memory,
+            image, sandbox_id, block_network=block_network,
+            egress=None if egress is None else list(egress), cpu=cpu, memory=memory,
             pids=pids, ttl=ttl, timeout=timeout, labels=dict(labels or {}),
             env=dict(env or {}), session=session, model_proxy=model_proxy,
         )  # fmt: skip
