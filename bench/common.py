@@ -338,11 +338,12 @@ class BenchServer(StartStop):
     def __init__(self, *, max_sandboxes: int = 2000, max_concurrent_creates: int = 64,
                  port: int = 0, startup_timeout: float = 90.0,
                  settings: dict[str, Any] | None = None,
-                 drained: Callable[[], bool] | None = None) -> None:
+                 drained: Callable[[], bool] | None = None, tree: Path | None = None) -> None:
         self.max_sandboxes = max_sandboxes
         self.max_concurrent_creates = max_concurrent_creates
         self.settings = settings
         self.drained = drained
+        self.tree = tree  # another checkout's code (a baseline), instead of this one
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout = startup_timeout
@@ -367,9 +368,10 @@ class BenchServer(StartStop):
             f"max_concurrent_creates={self.max_concurrent_creates})"
         )
         log = self.log_path.open("wb")
+        env = {**os.environ, "PYTHONPATH": str(self.tree)} if self.tree else None
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            cwd=REPO_ROOT, start_new_session=True,
+            cwd=self.tree or REPO_ROOT, start_new_session=True, env=env,
         )
         log.close()
         deadline = time.monotonic() + self.startup_timeout

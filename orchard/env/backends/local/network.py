@@ -62,13 +62,23 @@ def resolve(entries: Sequence[str]) -> list[IPNetwork]:
     return sorted(set(found), key=lambda n: (n.version, n))
 
 
+_HOST_ADDRESSES: tuple[float, list[IPNetwork]] = (0.0, [])
+HOST_ADDRESSES_TTL = 10.0  # seconds a listing of the host's addresses is reused
+
+
 def host_addresses() -> list[IPNetwork]:
-    """The host's own addresses: a sandbox must not reach its services by them either."""
+    """The host's own addresses: a sandbox must not reach its services by them either.
+
+    Listed at most every HOST_ADDRESSES_TTL seconds: a burst of creates needs one listing.
+    """
+    global _HOST_ADDRESSES
+    listed_at, addrs = _HOST_ADDRESSES
+    if time.monotonic() - listed_at < HOST_ADDRESSES_TTL:
+        return addrs
     out = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=False)
-    addrs: list[IPNetwork] = []
-    for link in json.loads(out.stdout or "[]"):
-        for a in link.get("addr_info", []):
-            addrs.append(ipaddress.ip_network(a["local"]))
+    addrs = [ipaddress.ip_network(a["local"]) for link in json.loads(out.stdout or "[]")
+             for a in link.get("addr_info", [])]
+    _HOST_ADDRESSES = (time.monotonic(), addrs)
     return addrs
 
 
