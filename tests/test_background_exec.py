@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
+import time
 
 import httpx
 import pytest
@@ -96,3 +98,31 @@ def test_left_behind_processes_die_with_the_sandbox(http: httpx.Client) -> None:
     assert cgroup_pids(sid)
     assert http.delete(f"/sandboxes/{sid}").status_code == 200
     assert wait_until(lambda: not cgroup_pids(sid), 20, 0.2), cgroup_pids(sid)
+
+
+def test_a_command_that_closed_its_output_still_times_out(http: httpx.Client,
+                                                          sandbox: str) -> None:
+    """Its pipes close at once; the exec must wait for the process, under its timeout."""
+    r = run(http, sandbox, command="exec >/dev/null 2>&1; sleep 30", timeout_seconds=1)
+    assert r["exit_code"] == 124 and r["timed_out"], r
+
+
+def test_a_slow_stream_gets_everything_written_before_the_exit() -> None:
+    """The agent's exec, in this process: a consumer slower than the command, with a process
+    left holding the pipe. What sits in the pipe at the exit is read to the end."""
+    from orchard.env.agent import server as agent
+
+    got = bytearray()
+
+    def slow(kind: str, data: bytes) -> None:
+        if kind == "stdout":
+            got.extend(data)
+            time.sleep(0.05)
+
+    # The writer grows its pipe to 1 MiB (F_SETPIPE_SZ), so it can exit with all of it unread.
+    write = ("import fcntl, os; fcntl.fcntl(1, 1031, 1 << 20); "
+             "os.write(1, b'x' * 1000000)")
+    result = agent.run_exec({"command": f"sleep 2 & {sys.executable} -c \"{write}\"",
+                             "timeout": 30}, emit=slow)
+    assert result["exit_code"] == 0 and not result["timed_out"]
+    assert len(got) == 1_000_000

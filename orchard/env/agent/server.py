@@ -47,6 +47,7 @@ DRAIN_LIMIT = 1 << 20
 # Processes it left running in the background may hold the pipes open for ever: past this,
 # their output is drained and dropped.
 EXIT_GRACE = 0.1
+PIPE_MAX = 1 << 20  # the most a Linux pipe buffers (/proc/sys/fs/pipe-max-size default)
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 401: "Unauthorized",
     404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
@@ -270,7 +271,10 @@ def run_exec(req, emit=None):
     deadline = None if timeout is None else started + float(timeout)
     timed_out = False
     grace_end = None
-    while len(sel.get_map()) > (exit_fd in sel.get_map()):
+    # Until the command has exited and its pipes are closed, or the grace after its exit is
+    # over. Waiting for the exit too keeps a command that closed its stdout and stderr
+    # (`exec >/dev/null 2>&1; sleep 30`) under its timeout.
+    while sel.get_map():
         wait = None
         if grace_end is not None:
             wait = grace_end - _now()
@@ -313,8 +317,25 @@ def run_exec(req, emit=None):
             buf.add(data)
             if emit is not None:
                 emit(name, data)
-    held = sel.get_map().keys() - {exit_fd}  # pipes not at end-of-file
+    held = set(sel.get_map().keys() & outs.keys())  # pipes not at end-of-file
     sel.close()
+    for fd in list(held):
+        # What the command wrote before it exited may still sit in the pipe (a slow
+        # streaming client kept us from reading it during the grace): take all of it.
+        name, buf = outs[fd]
+        budget = PIPE_MAX  # a pipe holds no more; a process left writing does not hold us
+        while budget > 0:
+            try:
+                data = os.read(fd, min(CHUNK, budget))
+            except BlockingIOError:
+                break
+            budget -= len(data)
+            if not data:
+                held.discard(fd)
+                break
+            buf.add(data)
+            if emit is not None:
+                emit(name, data)
     os.close(exit_fd)
     if timed_out:
         kill_tree(proc.pid, exec_id)
