@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ from orchard.env.backends.local.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from orchard.env.backends.local.seccomp import write_filter
+from orchard.env.backends.local.userns import RANGE_SIZE, UidRangeError, UidRanges, uid_of
 from orchard.env.schema import LimitReport
 
 CTL_MOUNT = "/.orchard/ctl"
@@ -49,14 +51,24 @@ HOST_VIEW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "op
 HOST_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
                 "/etc/sudoers", "/etc/ssl/private")
 _LAUNCH_SH = """\
-# usage: launch.sh LOWER UPPER WORK ROOT NPROCS PROCS_FILE... COMMAND...
+# usage: launch.sh LOWER_FD DATA_DIR UID UPPER WORK ROOT BUNDLE NPROCS PROCS_FILE... COMMAND...
+# Host root, in a private mount namespace; COMMAND (bwrap) runs as the sandbox's host uid.
 set -e
-lower=$1 upper=$2 work=$3 root=$4 n=$5; shift 5
+lower=$1 data=$2 uid=$3 upper=$4 work=$5 root=$6 bundle=$7 n=$8; shift 8
 while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
-mount -t overlay orchard-overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
-exec "$@"
+mount -t overlay orchard-overlay \\
+    -o "lowerdir=/proc/self/fd/$lower,upperdir=$upper,workdir=$work" "$root"
+# Nothing in the sandbox may inherit the image's id-mapped view.
+exec {lower}<&-
+# The sandbox's uid may not search the data dir's parents (a 0700 home or tmp dir); bwrap sees
+# the data dir at /tmp instead, in this mount namespace only. A bundle kept outside the data
+# dir (BUNDLE not empty) is bound into it first.
+if [ -n "$bundle" ]; then mount --bind "$bundle" "$data/bundle-view"; fi
+mount --rbind "$data" /tmp
+exec setpriv --reuid "$uid" --regid "$uid" --clear-groups "$@"
 """
-
+# Where bwrap finds the data dir (see launch.sh).
+LAUNCH_VIEW = Path("/tmp")
 
 class LocalBackend:
     """Sandboxes on this machine; needs root, bubblewrap, overlayfs and cgroups."""
@@ -70,10 +82,10 @@ class LocalBackend:
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
                 "`sudo orchard serve` or use the Kubernetes backend"
             )
-        for tool in ("bwrap", "unshare", "mount"):
+        for tool in ("bwrap", "unshare", "mount", "setpriv", "bash"):
             if shutil.which(tool) is None:
                 raise BackendError(f"'{tool}' is not installed: run `apt-get install bubblewrap "
-                                   "util-linux mount` (or `make setup`)")
+                                   "util-linux mount bash` (or `make setup`)")
         if any(c in str(data_dir) for c in ",:"):
             raise BackendError(f"data dir {data_dir} must not contain ',' or ':' (overlayfs "
                                "option syntax); choose another --data-dir")
@@ -82,6 +94,10 @@ class LocalBackend:
         self.data_dir = data_dir
         self.sandboxes_dir = data_dir / "sandboxes"
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
+        # bwrap runs as each sandbox's uid and must search these (see launch.sh).
+        for d in (data_dir, self.sandboxes_dir):
+            d.chmod(0o755)
+        self.uid_ranges = UidRanges()
         self.ready_timeout = ready_timeout
         # An embedded orchestrator's sandboxes must not outlive its process (nobody could
         # re-adopt them); a standalone one's do, so a restart can re-adopt them.
@@ -89,6 +105,11 @@ class LocalBackend:
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}
         self.images = ImageStore(data_dir / "images")
         self.bundle = ensure_bundle(data_dir / "bundle")
+        # bwrap sees only the data dir (see launch.sh): a bundle elsewhere (a symlinked bundle
+        # dir) is bound onto bundle-view for it.
+        self._bundle_inside = self.bundle.resolve().is_relative_to(data_dir.resolve())
+        if not self._bundle_inside:
+            (data_dir / "bundle-view").mkdir(mode=0o755, exist_ok=True)
         # One cgroup group per data dir: the orphan pass deletes every cgroup in its group
         # that has no record, so orchestrators sharing a host must not share a group.
         data_key = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
@@ -98,7 +119,7 @@ class LocalBackend:
         self.launch_sh.write_text(_LAUNCH_SH)
         self.host_skeleton = self._make_host_skeleton(data_dir / "host-skeleton")
         self.empty_dir = data_dir / "empty"
-        self.empty_dir.mkdir(exist_ok=True)
+        self.empty_dir.mkdir(mode=0o755, exist_ok=True)
         # Teardown threads mostly sleep, waiting for killed processes to leave their cgroups;
         # a pool of their own keeps them from starving the default executor (image unpacking).
         self._teardown_pool = ThreadPoolExecutor(32, thread_name_prefix="orchard-teardown")
@@ -175,6 +196,7 @@ class LocalBackend:
         # so a crash at any later point leaves something the reconcile pass will find.
         for sub in ("upper", "work", "root", "ctl"):
             (sdir / sub).mkdir(parents=True, exist_ok=True)
+        sdir.chmod(0o755)
         try:
             limits = self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
         except (ValueError, CgroupError) as e:
@@ -183,14 +205,22 @@ class LocalBackend:
         # The holder blocks reading this pipe; it also inherits the write end, so the read
         # can never see EOF, whoever else dies.
         block_r, block_w = os.pipe()
+        userns_fd = lower_fd = -1
         try:
+            lower = self.host_skeleton if image.kind == "host" else image.rootfs
+            assert lower is not None
+            uid, userns_fd, lower_fd = await asyncio.to_thread(self._user_namespace, sdir, lower)
             with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
-                argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r)
+                argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r,
+                                         uid, userns_fd, lower_fd)
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    pass_fds=(bpf.fileno(), block_r, block_w), start_new_session=True,
-                    env={"PATH": USER_PATH},
+                    pass_fds=(bpf.fileno(), block_r, block_w, userns_fd, lower_fd),
+                    start_new_session=True, env={"PATH": USER_PATH},
                 )
+            os.close(lower_fd)
+            os.close(userns_fd)
+            userns_fd = lower_fd = -1
             self._launchers[spec.sandbox_id] = proc
             if spec.model_proxy:
                 (sdir / "model-proxy").touch()  # so an adopting orchestrator re-opens the relay
@@ -201,8 +231,9 @@ class LocalBackend:
             await self.delete(spec.sandbox_id)
             raise
         finally:
-            os.close(block_r)
-            os.close(block_w)
+            for fd in (block_r, block_w, userns_fd, lower_fd):
+                if fd >= 0:
+                    os.close(fd)
         return SandboxHandle(
             sandbox_id=spec.sandbox_id,
             address=f"unix:{self.socket_path(spec.sandbox_id)}",
@@ -210,11 +241,45 @@ class LocalBackend:
                     for k, v in limits.items()},
         )
 
+    def _user_namespace(self, sdir: Path, lower: Path) -> tuple[int, int, int]:
+        """Claims the sandbox's host uid range and has the zygote make its user namespace and
+        the id-mapped view of its image: (host uid of its root, userns fd, lower fd). Blocking."""
+        try:
+            uid = self.uid_ranges.claim(sdir)
+        except UidRangeError as e:
+            raise BackendError(str(e)) from None
+        # Sandbox root owns its root directory (the overlay's top takes the upper dir's owner)
+        # and binds the agent's socket in ctl.
+        for sub in ("upper", "ctl"):
+            os.chown(sdir / sub, uid, uid)
+        request = {"userns": {"uid": uid, "count": RANGE_SIZE, "lower": str(lower)}}
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(self.ready_timeout)
+                conn.connect(str(self.zygote_socket))
+                conn.sendall(json.dumps(request).encode() + b"\n")
+                line, fds, _, _ = socket.recv_fds(conn, 65536, 2)
+        except OSError as e:
+            raise BackendError(f"the agent fork-server did not answer ({e!r}); see "
+                               f"{self.data_dir / 'zygote.log'}") from None
+        reply = json.loads(line or b'{"error": "no reply"}')
+        if "error" in reply or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise BackendError(f"could not make the user namespace of {sdir.name}: "
+                               f"{reply.get('error', 'no fds in the reply')}")
+        return uid, fds[0], fds[1]
+
     def _launch_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
-                     seccomp_fd: int, block_fd: int) -> list[str]:
-        lower = self.host_skeleton if image.kind == "host" else image.rootfs
+                     seccomp_fd: int, block_fd: int, uid: int, userns_fd: int,
+                     lower_fd: int) -> list[str]:
         procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
-        bwrap = ["bwrap", "--bind", str(sdir / "root"), "/", "--proc", "/proc", "--dev", "/dev"]
+
+        def seen(path: Path) -> str:  # a data dir path as bwrap sees it (see launch.sh)
+            return str(LAUNCH_VIEW / path.relative_to(self.data_dir))
+
+        bwrap = ["bwrap", "--userns", str(userns_fd), "--bind", seen(sdir / "root"), "/",
+                 "--proc", "/proc", "--dev", "/dev"]
         if image.kind == "host":
             for name in HOST_VIEW:
                 host = Path("/") / name
@@ -222,14 +287,15 @@ class LocalBackend:
                     bwrap += ["--ro-bind", str(host), str(host)]
             for secret in HOST_SECRETS:
                 if os.path.lexists(secret):
-                    mask = self.empty_dir if os.path.isdir(secret) else "/dev/null"
-                    bwrap += ["--ro-bind", str(mask), secret]
+                    mask = seen(self.empty_dir) if os.path.isdir(secret) else "/dev/null"
+                    bwrap += ["--ro-bind", mask, secret]
             for key in Path("/etc/ssh").glob("ssh_host_*_key"):
                 bwrap += ["--ro-bind", "/dev/null", str(key)]
         bwrap += [
             "--perms", "1777", "--dir", "/tmp", "--dir", "/workspace",
-            "--ro-bind", str(self.bundle), BUNDLE_MOUNT,
-            "--bind", str(sdir / "ctl"), CTL_MOUNT,
+            "--ro-bind", seen(self.bundle if self._bundle_inside
+                              else self.data_dir / "bundle-view"), BUNDLE_MOUNT,
+            "--bind", seen(sdir / "ctl"), CTL_MOUNT,
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--hostname", spec.sandbox_id[:63], "--cap-drop", "ALL", "--new-session",
             "--seccomp", str(seccomp_fd), "--clearenv", "--setenv", "PATH", USER_PATH,
@@ -243,9 +309,11 @@ class LocalBackend:
         # The holder never gets past --block-fd, so the command is never run.
         bwrap += ["--block-fd", str(block_fd), "--", "/.orchard/never-run"]
         return [
-            "unshare", "--mount", "--propagation", "private", "--", "/bin/sh",
-            str(self.launch_sh), str(lower), str(sdir / "upper"), str(sdir / "work"),
-            str(sdir / "root"), str(len(procs)), *procs, *bwrap,
+            "unshare", "--mount", "--propagation", "private", "--", "bash",
+            str(self.launch_sh), str(lower_fd), str(self.data_dir), str(uid),
+            str(sdir / "upper"), str(sdir / "work"), str(sdir / "root"),
+            "" if self._bundle_inside else str(self.bundle), str(len(procs)),
+            *procs, *bwrap,
         ]
 
     def _agent_env(self, spec: SandboxSpec) -> dict[str, str]:
@@ -314,6 +382,9 @@ class LocalBackend:
         path = self._dir(sandbox_id) / "ctl" / MODEL_SOCKET
         path.unlink(missing_ok=True)
         self._relays[sandbox_id] = await asyncio.start_unix_server(self._relay, path=str(path))
+        uid = uid_of(self._dir(sandbox_id))
+        if uid is not None:  # the agent, as sandbox root, connects to it
+            os.chown(path, uid, uid)
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self.model_proxy is not None
@@ -353,9 +424,12 @@ class LocalBackend:
         # Only an orchestrator crash mid-launch could leave the overlay mounted on the host.
         if os.path.ismount(root):
             subprocess.run(["umount", "-l", str(root)], check=False)
+        uid = uid_of(sdir)
         shutil.rmtree(sdir, ignore_errors=True)
         if sdir.exists():
             raise BackendError(f"could not remove {sdir}; remove it by hand")
+        if uid is not None:  # only now: files owned by the range were in the dir
+            self.uid_ranges.release(sdir, uid)
 
     async def list(self) -> set[str]:
         """Sandboxes of THIS data dir only: other orchestrators on the host share the cgroup
