@@ -89,6 +89,9 @@ def test_nothing_leaks_after_all_sandboxes_are_deleted(orchestrator: str,
         return [c for c in claims if c.startswith(str(data_dir.resolve()))]
 
     assert not leftover_uid_claims(), leftover_uid_claims()
+    # Disk quotas: loop devices whose backing file was in a sandbox dir.
+    from tests.test_disk_quota import loop_files
+    assert wait_until(lambda: not loop_files(data_dir), 20, 0.2), loop_files(data_dir)
     # The group directories themselves stay, empty: no process was left in them.
     for g in groups:
         procs = (g / "cgroup.procs").read_text().split() if g.is_dir() else []

@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
-from orchard.env.backends.local import zygote
+from orchard.env.backends.local import quota, zygote
 from orchard.env.backends.local.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
@@ -51,11 +51,15 @@ HOST_VIEW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "op
 HOST_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
                 "/etc/sudoers", "/etc/ssl/private")
 _LAUNCH_SH = """\
-# usage: launch.sh LOWER_FD DATA_DIR UID UPPER WORK ROOT BUNDLE NPROCS PROCS_FILE... COMMAND...
+# usage: launch.sh LOWER_FD DATA_DIR UID UPPER WORK ROOT BUNDLE DISK NPROCS PROCS_FILE...
+#                  COMMAND...
 # Host root, in a private mount namespace; COMMAND (bwrap) runs as the sandbox's host uid.
 set -e
-lower=$1 data=$2 uid=$3 upper=$4 work=$5 root=$6 bundle=$7 n=$8; shift 8
+lower=$1 data=$2 uid=$3 upper=$4 work=$5 root=$6 bundle=$7 disk=$8 n=$9; shift 9
 while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
+# A disk quota (DISK not empty): upper and work live on that file system, mounted here so
+# that it and its loop device (autoclear) go away with the sandbox.
+if [ -n "$disk" ]; then mount -o loop,nodev,nosuid "$disk" "${upper%/*}"; fi
 mount -t overlay orchard-overlay \\
     -o "lowerdir=/proc/self/fd/$lower,upperdir=$upper,workdir=$work" "$root"
 # Nothing in the sandbox may inherit the image's id-mapped view.
@@ -194,8 +198,10 @@ class LocalBackend:
                 "use a shorter sandbox_id or a shorter --data-dir")
         # The dir comes first: it is this orchestrator's claim on the id (list() reads dirs),
         # so a crash at any later point leaves something the reconcile pass will find.
-        for sub in ("upper", "work", "root", "ctl"):
-            (sdir / sub).mkdir(parents=True, exist_ok=True)
+        # With a disk quota, upper and work are made here and copied into its file system.
+        layers = sdir / quota.DISK_DIR if spec.disk and quota.unavailable() is None else sdir
+        for sub in (layers / "upper", layers / "work", sdir / "root", sdir / "ctl"):
+            sub.mkdir(parents=True, exist_ok=True)
         sdir.chmod(0o755)
         try:
             limits = self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
@@ -209,10 +215,13 @@ class LocalBackend:
         try:
             lower = self.host_skeleton if image.kind == "host" else image.rootfs
             assert lower is not None
-            uid, userns_fd, lower_fd = await asyncio.to_thread(self._user_namespace, sdir, lower)
+            uid, userns_fd, lower_fd = await asyncio.to_thread(
+                self._user_namespace, sdir, layers / "upper", lower)
+            limits["disk"] = (await asyncio.to_thread(quota.make_disk, sdir, spec.disk)
+                              if spec.disk else quota.not_requested())
             with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
                 argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r,
-                                         uid, userns_fd, lower_fd)
+                                         uid, userns_fd, lower_fd, layers)
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     pass_fds=(bpf.fileno(), block_r, block_w, userns_fd, lower_fd),
@@ -227,6 +236,9 @@ class LocalBackend:
                 await self._open_relay(spec.sandbox_id)
             holder = await self._await_holder(spec.sandbox_id, proc)
             await self._fork_agent(spec, holder)
+        except quota.QuotaError as e:
+            await self.delete(spec.sandbox_id)
+            raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
         except BaseException:
             await self.delete(spec.sandbox_id)
             raise
@@ -241,7 +253,7 @@ class LocalBackend:
                     for k, v in limits.items()},
         )
 
-    def _user_namespace(self, sdir: Path, lower: Path) -> tuple[int, int, int]:
+    def _user_namespace(self, sdir: Path, upper: Path, lower: Path) -> tuple[int, int, int]:
         """Claims the sandbox's host uid range and has the zygote make its user namespace and
         the id-mapped view of its image: (host uid of its root, userns fd, lower fd). Blocking."""
         try:
@@ -250,8 +262,8 @@ class LocalBackend:
             raise BackendError(str(e)) from None
         # Sandbox root owns its root directory (the overlay's top takes the upper dir's owner)
         # and binds the agent's socket in ctl.
-        for sub in ("upper", "ctl"):
-            os.chown(sdir / sub, uid, uid)
+        for owned in (upper, sdir / "ctl"):
+            os.chown(owned, uid, uid)
         request = {"userns": {"uid": uid, "count": RANGE_SIZE, "lower": str(lower)}}
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -272,7 +284,7 @@ class LocalBackend:
 
     def _launch_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
                      seccomp_fd: int, block_fd: int, uid: int, userns_fd: int,
-                     lower_fd: int) -> list[str]:
+                     lower_fd: int, layers: Path) -> list[str]:
         procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
 
         def seen(path: Path) -> str:  # a data dir path as bwrap sees it (see launch.sh)
@@ -311,8 +323,9 @@ class LocalBackend:
         return [
             "unshare", "--mount", "--propagation", "private", "--", "bash",
             str(self.launch_sh), str(lower_fd), str(self.data_dir), str(uid),
-            str(sdir / "upper"), str(sdir / "work"), str(sdir / "root"),
-            "" if self._bundle_inside else str(self.bundle), str(len(procs)),
+            str(layers / "upper"), str(layers / "work"), str(sdir / "root"),
+            "" if self._bundle_inside else str(self.bundle),
+            str(sdir / quota.DISK_IMAGE) if layers != sdir else "", str(len(procs)),
             *procs, *bwrap,
         ]
 
