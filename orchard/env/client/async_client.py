@@ -118,6 +118,7 @@ class AsyncSandboxClient(BaseClient):
         cpu: str | None = None,
         memory: str | None = None,
         pids: int | None = None,
+        disk: str | None = None,
         timeout: float | None = None,
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
@@ -129,7 +130,7 @@ class AsyncSandboxClient(BaseClient):
         """Create a sandbox and, unless ``wait=False``, wait until it can run commands."""
         request = schema.CreateSandboxRequest(
             image=image, block_network=block_network, sandbox_id=sandbox_id, cpu=cpu,
-            memory=memory, pids=pids, timeout=timeout, labels=dict(labels or {}),
+            memory=memory, pids=pids, disk=disk, timeout=timeout, labels=dict(labels or {}),
             env=dict(env or {}), session=session, model_proxy=model_proxy,
         )  # fmt: skip
         sandbox = AsyncSandbox(self, await self._call(API.create_sandbox(request)))

@@ -121,6 +121,7 @@ class SandboxClient(BaseClient):
         cpu: str | None = None,
         memory: str | None = None,
         pids: int | None = None,
+        disk: str | None = None,
         timeout: float | None = None,
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
@@ -132,7 +133,7 @@ class SandboxClient(BaseClient):
         """Create a sandbox and, unless ``wait=False``, wait until it can run commands."""
         request = schema.CreateSandboxRequest(
             image=image, block_network=block_network, sandbox_id=sandbox_id, cpu=cpu,
-            memory=memory, pids=pids, timeout=timeout, labels=dict(labels or {}),
+            memory=memory, pids=pids, disk=disk, timeout=timeout, labels=dict(labels or {}),
             env=dict(env or {}), session=session, model_proxy=model_proxy,
         )  # fmt: skip
         sandbox = Sandbox(self, self._call(API.create_sandbox(request)))

@@ -2,7 +2,11 @@
 
 Launch chain, per sandbox (all processes land in the sandbox's cgroups before anything runs):
 
-    unshare --mount  ->  sh launch.sh (join cgroups, mount overlay)  ->  bwrap  ->  holder
+    unshare --mount  ->  bash launch.sh (join cgroups, mount overlay)
+                     ->  setpriv (the sandbox's host uid)  ->  bwrap --userns  ->  holder
+
+Sandbox root is an unprivileged host uid, its own per sandbox (``userns.py``); the zygote makes
+the user namespace and the id-mapped image view the overlay reads.
 
 The holder is bwrap's sandboxed child, parked on ``--block-fd`` forever: it only keeps the
 namespaces alive. The agent is forked by the zygote (see ``zygote.py``) straight into the
@@ -22,7 +26,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +38,7 @@ from orchard.env.backends.local.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from orchard.env.backends.local.seccomp import write_filter
-from orchard.env.backends.local.userns import RANGE_SIZE, UidRangeError, UidRanges, uid_of
+from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of, zygote_userns
 from orchard.env.schema import LimitReport
 
 CTL_MOUNT = "/.orchard/ctl"
@@ -258,29 +261,15 @@ class LocalBackend:
         the id-mapped view of its image: (host uid of its root, userns fd, lower fd). Blocking."""
         try:
             uid = self.uid_ranges.claim(sdir)
+            # Sandbox root owns its root directory (the overlay's top takes the upper dir's
+            # owner) and binds the agent's socket in ctl.
+            for owned in (upper, sdir / "ctl"):
+                os.chown(owned, uid, uid)
+            userns_fd, lower_fd = zygote_userns(self.zygote_socket, uid, lower,
+                                                self.ready_timeout)
         except UidRangeError as e:
-            raise BackendError(str(e)) from None
-        # Sandbox root owns its root directory (the overlay's top takes the upper dir's owner)
-        # and binds the agent's socket in ctl.
-        for owned in (upper, sdir / "ctl"):
-            os.chown(owned, uid, uid)
-        request = {"userns": {"uid": uid, "count": RANGE_SIZE, "lower": str(lower)}}
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.settimeout(self.ready_timeout)
-                conn.connect(str(self.zygote_socket))
-                conn.sendall(json.dumps(request).encode() + b"\n")
-                line, fds, _, _ = socket.recv_fds(conn, 65536, 2)
-        except OSError as e:
-            raise BackendError(f"the agent fork-server did not answer ({e!r}); see "
-                               f"{self.data_dir / 'zygote.log'}") from None
-        reply = json.loads(line or b'{"error": "no reply"}')
-        if "error" in reply or len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            raise BackendError(f"could not make the user namespace of {sdir.name}: "
-                               f"{reply.get('error', 'no fds in the reply')}")
-        return uid, fds[0], fds[1]
+            raise BackendError(f"sandbox {sdir.name}: {e}") from None
+        return uid, userns_fd, lower_fd
 
     def _launch_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
                      seccomp_fd: int, block_fd: int, uid: int, userns_fd: int,
