@@ -8,7 +8,7 @@ from touching them), so an idle agent costs a fraction of a fresh interpreter an
 about a millisecond.
 
 What the forked agent does, in order, before it runs any agent code:
-  join the sandbox's cgroups -> setns(user) -> setns(ipc, uts, net, cgroup, pid, mnt) ->
+  join the sandbox's cgroups -> setns(ipc, uts, net, cgroup, pid, mnt) -> setns(user) ->
   chroot to the holder's root -> uid/gid 0 of the user namespace (an unprivileged host uid) ->
   fork (to be inside the pid namespace) -> new session -> drop every capability (bounding set
   too) -> no_new_privs -> the same seccomp filter as bwrap -> close every inherited fd -> a
@@ -53,10 +53,12 @@ _spec = importlib.util.spec_from_file_location("orchard_agent", AGENT_SOURCE)
 agent = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(agent)
 
-# The user namespace comes first: the others belong to it, and joining it gives the
-# capabilities in it that joining them needs.
-_NAMESPACES = (("user", 0x10000000), ("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000),
-               ("cgroup", 0x02000000), ("pid", 0x20000000), ("mnt", 0x00020000))
+# The user namespace comes last: as host root we may join any namespace, including one
+# the host owns (a network namespace prepared for the sandbox), which we could not once in the
+# sandbox's user namespace; joining that one still gives the capabilities chroot needs there.
+_NAMESPACES = (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000),
+               ("cgroup", 0x02000000), ("pid", 0x20000000), ("mnt", 0x00020000),
+               ("user", 0x10000000))
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
@@ -113,11 +115,12 @@ def _enter(req):
             if name != "cgroup":  # older kernels have no cgroup namespace
                 raise
     root = os.open(f"/proc/{holder}/root", os.O_RDONLY | os.O_DIRECTORY)
+    # Read before any setns: /proc is not ours after setns(mnt).
+    own = {name: os.stat(f"/proc/self/ns/{name}").st_ino for name, _, _ in fds}
     joined_user = False
     for name, flag, fd in fds:
-        # One we are already in (the host's network for an open sandbox) is skipped: once in
-        # the sandbox's user namespace we could not re-join one the host's owns.
-        if os.fstat(fd).st_ino != os.stat(f"/proc/self/ns/{name}").st_ino:
+        # One we are already in (the host's network for an open sandbox) is skipped.
+        if os.fstat(fd).st_ino != own[name]:
             _check(_libc.setns(fd, flag), f"setns({name})")
             joined_user = joined_user or name == "user"
         os.close(fd)
