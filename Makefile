@@ -2,8 +2,8 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux redis-server python3-pytest \
-	slirp4netns nftables
+APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux e2fsprogs redis-server \
+	python3-pytest slirp4netns nftables
 STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps demo tour test lint bench validate-manifests clean

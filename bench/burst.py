@@ -64,10 +64,16 @@ def rejections(url: str) -> float:
     return metric(url, "orchard_admission_rejections_total")
 
 
+def quota(disk: str | None) -> dict[str, str]:
+    """Only when asked for: the SDK of older checkouts (benched for comparison) has no disk."""
+    return {"disk": disk} if disk else {}
+
+
 # --- sequential create->ready -----------------------------------------------------------
 
 
-def sequential(url: str, n: int, image: str = "host") -> dict[str, Any]:
+def sequential(url: str, n: int, image: str = "host", disk: str | None = None
+               ) -> dict[str, Any]:
     """n times: POST /sandboxes, wait ready, delete."""
     post: list[float] = []
     ready: list[float] = []
@@ -78,7 +84,7 @@ def sequential(url: str, n: int, image: str = "host") -> dict[str, Any]:
             t0 = time.perf_counter()
             sb = None
             try:
-                sb = client.create_sandbox(image, wait=False)
+                sb = client.create_sandbox(image, wait=False, **quota(disk))
                 t1 = time.perf_counter()
                 sb.wait_ready(120.0)
                 t2 = time.perf_counter()
@@ -105,7 +111,7 @@ def sequential(url: str, n: int, image: str = "host") -> dict[str, Any]:
 
 
 async def burst(url: str, n: int, concurrency: int, retries: int,
-                image: str = "host") -> dict[str, Any]:
+                image: str = "host", disk: str | None = None) -> dict[str, Any]:
     """N lifecycles, at most concurrency at a time: create (POST, then wait ready: timed
     apart), exec ``echo ok`` (must print ok), delete."""
     sem = asyncio.Semaphore(concurrency)
@@ -122,7 +128,7 @@ async def burst(url: str, n: int, concurrency: int, retries: int,
                 stage, sb = "create", None
                 try:
                     t0 = time.perf_counter()
-                    sb = await client.create_sandbox(image, wait=False)
+                    sb = await client.create_sandbox(image, wait=False, **quota(disk))
                     t1 = time.perf_counter()
                     stage = "wait ready"
                     await sb.wait_ready(300.0)
@@ -196,6 +202,7 @@ def main() -> int:
     parser.add_argument("--max-concurrent-creates", type=int, default=64)
     parser.add_argument("--retries", type=int, default=30, help="SDK retries on 503")
     parser.add_argument("--settle-timeout", type=float, default=60.0)
+    parser.add_argument("--disk", help="a disk quota for every sandbox, e.g. 10Gi")
     args = parser.parse_args()
     if args.quick:
         args.seq_n, args.n = 10, 50
@@ -205,12 +212,13 @@ def main() -> int:
     with BenchServer(max_sandboxes=max_sandboxes, port=args.port,
                      max_concurrent_creates=args.max_concurrent_creates) as srv:
         console.print(f"orchestrator at {srv.url}; data dir {srv.data_dir}")
-        results["sequential"] = sequential(srv.url, args.seq_n)
+        results["sequential"] = sequential(srv.url, args.seq_n, disk=args.disk)
         console.print(f"burst of {args.n} at concurrency {args.concurrency} ...")
         rej0 = rejections(srv.url)
         assert srv.proc is not None
         cpu0, busy0 = process_cpu_s(srv.proc.pid), machine_busy_cpu_s()
-        results["burst"] = b = asyncio.run(burst(srv.url, args.n, args.concurrency, args.retries))
+        results["burst"] = b = asyncio.run(burst(srv.url, args.n, args.concurrency, args.retries,
+                                                 disk=args.disk))
         b["http_503s"] = rejections(srv.url) - rej0
         b["orchestrator_cpu_s"] = process_cpu_s(srv.proc.pid) - cpu0
         b["machine_busy_cpu_s"] = machine_busy_cpu_s() - busy0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import os
 from pathlib import Path
 
 import httpx
@@ -81,6 +82,16 @@ def test_nothing_leaks_after_all_sandboxes_are_deleted(orchestrator: str,
     assert wait_until(lambda: not leftover_cgroups(), 20, 0.2), leftover_cgroups()
     assert not leftover_mounts(), leftover_mounts()
     assert wait_until(lambda: not leftover_dirs(), 20, 0.2), leftover_dirs()
+
+    def leftover_uid_claims() -> list[str]:
+        from orchard.env.backends.local.userns import REGISTRY
+        claims = [os.readlink(p) for p in REGISTRY.iterdir()] if REGISTRY.is_dir() else []
+        return [c for c in claims if c.startswith(str(data_dir.resolve()))]
+
+    assert not leftover_uid_claims(), leftover_uid_claims()
+    # Disk quotas: loop devices whose backing file was in a sandbox dir.
+    from tests.test_disk_quota import loop_files
+    assert wait_until(lambda: not loop_files(data_dir), 20, 0.2), loop_files(data_dir)
     # The group directories themselves stay, empty: no process was left in them.
     for g in groups:
         procs = (g / "cgroup.procs").read_text().split() if g.is_dir() else []

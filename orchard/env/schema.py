@@ -88,6 +88,9 @@ class CreateSandboxRequest(_Strict):
     cpu: str | None = Field(None, description="CPU limit in cores, e.g. '2' or '500m'.")
     memory: str | None = Field(None, description="Memory limit, e.g. '512Mi', '8Gi'.")
     pids: int | None = Field(None, ge=8, le=1_000_000, description="Max processes.")
+    disk: str | None = Field(
+        None, description="Disk quota for everything the sandbox writes, e.g. '10Gi' (at "
+        "least 16Mi). `limits.disk` says whether the host enforces it.")
     timeout: float | None = Field(
         None, gt=0, le=7 * 24 * 3600,
         description="Seconds the sandbox may take to become ready before it is failed "

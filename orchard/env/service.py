@@ -185,16 +185,20 @@ class SandboxService:
             model_base_url = self._model_base_url(req.session or "")
             env = {**model_env(model_base_url, req.session or ""), **req.env}
         spec = SandboxSpec(sandbox_id=sid, image=req.image, block_network=req.block_network,
-                           cpu=req.cpu, memory=req.memory, pids=req.pids, env=env,
-                           labels=req.labels, model_proxy=req.model_proxy, egress=req.egress)
+                           cpu=req.cpu, memory=req.memory, pids=req.pids, disk=req.disk,
+                           env=env, labels=req.labels, model_proxy=req.model_proxy,
+                           egress=req.egress)
         try:
             self.backend.check(spec)
             cpu = parse_cpu(req.cpu) if req.cpu is not None else None
             memory = parse_memory(req.memory) if req.memory is not None else None
+            disk = parse_memory(req.disk) if req.disk is not None else None
         except ValueError as e:
             raise BadRequest(str(e)) from None
         if cpu is not None and cpu <= 0 or memory is not None and memory < 4 << 20:
             raise BadRequest("cpu must be > 0 and memory at least 4Mi")
+        if disk is not None and disk < 16 << 20:  # room for ext4's metadata and the overlay
+            raise BadRequest(f"disk {req.disk!r} is below the minimum of 16Mi; ask for more")
         if self.active_count() >= self.settings.max_sandboxes:
             raise Overloaded(f"at capacity: {self.settings.max_sandboxes} sandboxes are live; "
                              "delete some or retry later", 2)
@@ -223,7 +227,7 @@ class SandboxService:
         self._live[sid] = rec
         await self.events.record(rec, EventKind.created, now, image=req.image,
                                  block_network=req.block_network, cpu=req.cpu,
-                                 memory=req.memory, pids=req.pids, env=req.env,
+                                 memory=req.memory, pids=req.pids, disk=req.disk, env=req.env,
                                  model_proxy=req.model_proxy, timeout=req.timeout,
                                  ttl=req.ttl, egress=req.egress)
         self.creates_in_flight += 1

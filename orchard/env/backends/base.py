@@ -25,6 +25,7 @@ class SandboxSpec:
     cpu: str | None = None
     memory: str | None = None
     pids: int | None = None
+    disk: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     agent_token: str | None = None  # when set, the agent refuses requests without it

@@ -129,6 +129,7 @@ class SandboxClient(BaseClient):
         memory: str | None = None,
         pids: int | None = None,
         ttl: float | None = None,
+        disk: str | None = None,
         timeout: float | None = None,
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
@@ -145,7 +146,7 @@ class SandboxClient(BaseClient):
         request = self.create_request(
             image, sandbox_id, block_network=block_network,
             egress=None if egress is None else list(egress), cpu=cpu, memory=memory,
-            pids=pids, ttl=ttl, timeout=timeout, labels=dict(labels or {}),
+            pids=pids, disk=disk, ttl=ttl, timeout=timeout, labels=dict(labels or {}),
             env=dict(env or {}), session=session, model_proxy=model_proxy,
         )  # fmt: skip
         sandbox = Sandbox(self, self._call(API.create_sandbox(request)))

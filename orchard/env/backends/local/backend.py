@@ -2,7 +2,11 @@
 
 Launch chain, per sandbox (all processes land in the sandbox's cgroups before anything runs):
 
-    unshare --mount  ->  sh launch.sh (join cgroups, mount overlay)  ->  bwrap  ->  holder
+    unshare --mount  ->  bash launch.sh (join cgroups, mount overlay)
+                     ->  setpriv (the sandbox's host uid)  ->  bwrap --userns  ->  holder
+
+Sandbox root is an unprivileged host uid, its own per sandbox (``userns.py``); the zygote makes
+the user namespace and the id-mapped image view the overlay reads.
 
 The holder is bwrap's sandboxed child, parked on ``--block-fd`` forever: it only keeps the
 namespaces alive. The agent is forked by the zygote (see ``zygote.py``) straight into the
@@ -30,11 +34,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
-from orchard.env.backends.local import network, zygote
+from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from orchard.env.backends.local.seccomp import write_filter
+from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of, zygote_userns
 from orchard.env.schema import LimitReport, parse_egress_entry
 
 log = logging.getLogger("orchard.env")
@@ -51,14 +56,28 @@ HOST_VIEW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "op
 HOST_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
                 "/etc/sudoers", "/etc/ssl/private")
 _LAUNCH_SH = """\
-# usage: launch.sh LOWER UPPER WORK ROOT NPROCS PROCS_FILE... COMMAND...
+# usage: launch.sh LOWER_FD DATA_DIR UID UPPER WORK ROOT BUNDLE DISK NPROCS PROCS_FILE...
+#                  COMMAND...
+# Host root, in a private mount namespace; COMMAND (bwrap) runs as the sandbox's host uid.
 set -e
-lower=$1 upper=$2 work=$3 root=$4 n=$5; shift 5
+lower=$1 data=$2 uid=$3 upper=$4 work=$5 root=$6 bundle=$7 disk=$8 n=$9; shift 9
 while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
-mount -t overlay orchard-overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$root"
-exec "$@"
+# A disk quota (DISK not empty): upper and work live on that file system, mounted here so
+# that it and its loop device (autoclear) go away with the sandbox.
+if [ -n "$disk" ]; then mount -o loop,nodev,nosuid "$disk" "${upper%/*}"; fi
+mount -t overlay orchard-overlay \\
+    -o "lowerdir=/proc/self/fd/$lower,upperdir=$upper,workdir=$work" "$root"
+# Nothing in the sandbox may inherit the image's id-mapped view.
+exec {lower}<&-
+# The sandbox's uid may not search the data dir's parents (a 0700 home or tmp dir); bwrap sees
+# the data dir at /tmp instead, in this mount namespace only. A bundle kept outside the data
+# dir (BUNDLE not empty) is bound into it first.
+if [ -n "$bundle" ]; then mount --bind "$bundle" "$data/bundle-view"; fi
+mount --rbind "$data" /tmp
+exec setpriv --reuid "$uid" --regid "$uid" --clear-groups "$@"
 """
-
+# Where bwrap finds the data dir (see launch.sh).
+LAUNCH_VIEW = Path("/tmp")
 
 class LocalBackend:
     """Sandboxes on this machine; needs root, bubblewrap, overlayfs and cgroups."""
@@ -73,10 +92,10 @@ class LocalBackend:
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
                 "`sudo orchard serve` or use the Kubernetes backend"
             )
-        for tool in ("bwrap", "unshare", "mount"):
+        for tool in ("bwrap", "unshare", "mount", "setpriv", "bash"):
             if shutil.which(tool) is None:
                 raise BackendError(f"'{tool}' is not installed: run `apt-get install bubblewrap "
-                                   "util-linux mount` (or `make setup`)")
+                                   "util-linux mount bash` (or `make setup`)")
         if any(c in str(data_dir) for c in ",:"):
             raise BackendError(f"data dir {data_dir} must not contain ',' or ':' (overlayfs "
                                "option syntax); choose another --data-dir")
@@ -88,6 +107,10 @@ class LocalBackend:
         self.data_dir = data_dir
         self.sandboxes_dir = data_dir / "sandboxes"
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
+        # bwrap runs as each sandbox's uid and must search these (see launch.sh).
+        for d in (data_dir, self.sandboxes_dir):
+            d.chmod(0o755)
+        self.uid_ranges = UidRanges()
         self.ready_timeout = ready_timeout
         # An embedded orchestrator's sandboxes must not outlive its process (nobody could
         # re-adopt them); a standalone one's do, so a restart can re-adopt them. The embedded
@@ -100,13 +123,18 @@ class LocalBackend:
         cache = cache_dir or data_dir
         self.images = ImageStore(cache / "images")
         self.bundle = ensure_bundle(cache / "bundle")
+        # bwrap sees only the data dir (see launch.sh): a bundle elsewhere (a shared cache
+        # dir, a symlinked bundle dir) is bound onto bundle-view for it.
+        self._bundle_inside = self.bundle.resolve().is_relative_to(data_dir.resolve())
+        if not self._bundle_inside:
+            (data_dir / "bundle-view").mkdir(mode=0o755, exist_ok=True)
         self.cgroups = CgroupManager(cgroup_group(data_dir))
         self.seccomp_path = write_filter(data_dir / "seccomp.bpf")
         self.launch_sh = data_dir / "launch.sh"
         self.launch_sh.write_text(_LAUNCH_SH)
         self.host_skeleton = self._make_host_skeleton(data_dir / "host-skeleton")
         self.empty_dir = data_dir / "empty"
-        self.empty_dir.mkdir(exist_ok=True)
+        self.empty_dir.mkdir(mode=0o755, exist_ok=True)
         # Teardown threads mostly sleep, waiting for killed processes to leave their cgroups;
         # a pool of their own keeps them from starving the default executor (image unpacking).
         self._teardown_pool = ThreadPoolExecutor(32, thread_name_prefix="orchard-teardown")
@@ -182,8 +210,11 @@ class LocalBackend:
                 "use a shorter sandbox_id or a shorter --data-dir")
         # The dir comes first: it is this orchestrator's claim on the id (list() reads dirs),
         # so a crash at any later point leaves something the reconcile pass will find.
-        for sub in ("upper", "work", "root", "ctl"):
-            (sdir / sub).mkdir(parents=True, exist_ok=True)
+        # With a disk quota, upper and work are made here and copied into its file system.
+        layers = sdir / quota.DISK_DIR if spec.disk and quota.unavailable() is None else sdir
+        for sub in (layers / "upper", layers / "work", sdir / "root", sdir / "ctl"):
+            sub.mkdir(parents=True, exist_ok=True)
+        sdir.chmod(0o755)
         try:
             limits = self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
         except (ValueError, CgroupError) as e:
@@ -198,15 +229,26 @@ class LocalBackend:
         # A networked sandbox's slirp4netns exits when this pipe's write end closes; only
         # the holder keeps that end, so the network goes when the sandbox does.
         net_r, net_w = os.pipe() if not spec.block_network else (-1, -1)
+        userns_fd = lower_fd = -1
         try:
+            lower = self.host_skeleton if image.kind == "host" else image.rootfs
+            assert lower is not None
+            uid, userns_fd, lower_fd = await asyncio.to_thread(
+                self._user_namespace, sdir, layers / "upper", lower)
+            limits["disk"] = (await asyncio.to_thread(quota.make_disk, sdir, spec.disk)
+                              if spec.disk else quota.not_requested())
             with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
-                argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r)
-                fds = tuple(fd for fd in (bpf.fileno(), block_r, block_w, net_w)
-                            if fd is not None and fd >= 0)
+                argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r,
+                                         uid, userns_fd, lower_fd, layers)
+                fds = tuple(fd for fd in (bpf.fileno(), block_r, block_w, net_w, userns_fd,
+                                          lower_fd) if fd is not None and fd >= 0)
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     pass_fds=fds, start_new_session=True, env={"PATH": USER_PATH},
                 )
+            os.close(lower_fd)
+            os.close(userns_fd)
+            userns_fd = lower_fd = -1
             self._launchers[spec.sandbox_id] = proc
             if spec.model_proxy:
                 (sdir / "model-proxy").touch()  # so an adopting orchestrator re-opens the relay
@@ -215,16 +257,19 @@ class LocalBackend:
             if not spec.block_network:
                 await asyncio.to_thread(self._attach_network, spec, holder, net_r)
             await self._fork_agent(spec, holder)
+        except quota.QuotaError as e:
+            await self.delete(spec.sandbox_id)
+            raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
         except BaseException:
             await self.delete(spec.sandbox_id)
             raise
         finally:
-            if block_w is not None:
-                os.close(block_r)
-                os.close(block_w)
-            if net_w >= 0:
-                os.close(net_r)
-                os.close(net_w)
+            owned = [userns_fd, lower_fd, net_r, net_w]
+            if block_w is not None:  # not the lifeline, which lives as long as we do
+                owned += [block_r, block_w]
+            for fd in owned:
+                if fd >= 0:
+                    os.close(fd)
         return SandboxHandle(
             sandbox_id=spec.sandbox_id,
             address=f"unix:{self.socket_path(spec.sandbox_id)}",
@@ -270,11 +315,31 @@ class LocalBackend:
             except Exception:  # noqa: BLE001 - the next pass tries again
                 log.exception("egress refresh pass failed")
 
+    def _user_namespace(self, sdir: Path, upper: Path, lower: Path) -> tuple[int, int, int]:
+        """Claims the sandbox's host uid range and has the zygote make its user namespace and
+        the id-mapped view of its image: (host uid of its root, userns fd, lower fd). Blocking."""
+        try:
+            uid = self.uid_ranges.claim(sdir)
+            # Sandbox root owns its root directory (the overlay's top takes the upper dir's
+            # owner) and binds the agent's socket in ctl.
+            for owned in (upper, sdir / "ctl"):
+                os.chown(owned, uid, uid)
+            userns_fd, lower_fd = zygote_userns(self.zygote_socket, uid, lower,
+                                                self.ready_timeout)
+        except UidRangeError as e:
+            raise BackendError(f"sandbox {sdir.name}: {e}") from None
+        return uid, userns_fd, lower_fd
+
     def _launch_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
-                     seccomp_fd: int, block_fd: int) -> list[str]:
-        lower = self.host_skeleton if image.kind == "host" else image.rootfs
+                     seccomp_fd: int, block_fd: int, uid: int, userns_fd: int,
+                     lower_fd: int, layers: Path) -> list[str]:
         procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
-        bwrap = ["bwrap", "--bind", str(sdir / "root"), "/", "--proc", "/proc", "--dev", "/dev"]
+
+        def seen(path: Path) -> str:  # a data dir path as bwrap sees it (see launch.sh)
+            return str(LAUNCH_VIEW / path.relative_to(self.data_dir))
+
+        bwrap = ["bwrap", "--userns", str(userns_fd), "--bind", seen(sdir / "root"), "/",
+                 "--proc", "/proc", "--dev", "/dev"]
         if image.kind == "host":
             for name in HOST_VIEW:
                 host = Path("/") / name
@@ -282,14 +347,15 @@ class LocalBackend:
                     bwrap += ["--ro-bind", str(host), str(host)]
             for secret in HOST_SECRETS:
                 if os.path.lexists(secret):
-                    mask = self.empty_dir if os.path.isdir(secret) else "/dev/null"
-                    bwrap += ["--ro-bind", str(mask), secret]
+                    mask = seen(self.empty_dir) if os.path.isdir(secret) else "/dev/null"
+                    bwrap += ["--ro-bind", mask, secret]
             for key in Path("/etc/ssh").glob("ssh_host_*_key"):
                 bwrap += ["--ro-bind", "/dev/null", str(key)]
         bwrap += [
             "--perms", "1777", "--dir", "/tmp", "--dir", "/workspace",
-            "--ro-bind", str(self.bundle), BUNDLE_MOUNT,
-            "--bind", str(sdir / "ctl"), CTL_MOUNT,
+            "--ro-bind", seen(self.bundle if self._bundle_inside
+                              else self.data_dir / "bundle-view"), BUNDLE_MOUNT,
+            "--bind", seen(sdir / "ctl"), CTL_MOUNT,
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--hostname", spec.sandbox_id[:63], "--cap-drop", "ALL", "--new-session",
             "--seccomp", str(seccomp_fd), "--clearenv", "--setenv", "PATH", USER_PATH,
@@ -302,13 +368,16 @@ class LocalBackend:
         if not spec.block_network:
             (sdir / "resolv.conf").write_text(network.RESOLV_CONF)
             bwrap[bwrap.index("--perms"):bwrap.index("--perms")] = [
-                "--ro-bind", str(sdir / "resolv.conf"), "/etc/resolv.conf"]
+                "--ro-bind", seen(sdir / "resolv.conf"), "/etc/resolv.conf"]
         # The holder never gets past --block-fd, so the command is never run.
         bwrap += ["--block-fd", str(block_fd), "--", "/.orchard/never-run"]
         return [
-            "unshare", "--mount", "--propagation", "private", "--", "/bin/sh",
-            str(self.launch_sh), str(lower), str(sdir / "upper"), str(sdir / "work"),
-            str(sdir / "root"), str(len(procs)), *procs, *bwrap,
+            "unshare", "--mount", "--propagation", "private", "--", "bash",
+            str(self.launch_sh), str(lower_fd), str(self.data_dir), str(uid),
+            str(layers / "upper"), str(layers / "work"), str(sdir / "root"),
+            "" if self._bundle_inside else str(self.bundle),
+            str(sdir / quota.DISK_IMAGE) if layers != sdir else "", str(len(procs)),
+            *procs, *bwrap,
         ]
 
     def _agent_env(self, spec: SandboxSpec) -> dict[str, str]:
@@ -377,6 +446,9 @@ class LocalBackend:
         path = self._dir(sandbox_id) / "ctl" / MODEL_SOCKET
         path.unlink(missing_ok=True)
         self._relays[sandbox_id] = await asyncio.start_unix_server(self._relay, path=str(path))
+        uid = uid_of(self._dir(sandbox_id))
+        if uid is not None:  # the agent, as sandbox root, connects to it
+            os.chown(path, uid, uid)
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self.model_proxy is not None
@@ -417,9 +489,12 @@ class LocalBackend:
         # Only an orchestrator crash mid-launch could leave the overlay mounted on the host.
         if os.path.ismount(root):
             subprocess.run(["umount", "-l", str(root)], check=False)
+        uid = uid_of(sdir)
         shutil.rmtree(sdir, ignore_errors=True)
         if sdir.exists():
             raise BackendError(f"could not remove {sdir}; remove it by hand")
+        if uid is not None:  # only now: files owned by the range were in the dir
+            self.uid_ranges.release(sdir, uid)
 
     async def list(self) -> set[str]:
         """Sandboxes of THIS data dir only: other orchestrators on the host share the cgroup

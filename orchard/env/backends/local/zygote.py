@@ -8,15 +8,22 @@ from touching them), so an idle agent costs a fraction of a fresh interpreter an
 about a millisecond.
 
 What the forked agent does, in order, before it runs any agent code:
-  join the sandbox's cgroups -> setns(ipc, uts, net, cgroup, pid, mnt) -> chroot to the
-  holder's root -> fork (to be inside the pid namespace) -> new session -> drop every
-  capability (bounding set too) -> no_new_privs -> the same seccomp filter as bwrap ->
-  close every inherited fd -> a clean environment -> imports resolve from the read-only
-  interpreter bundle mounted in the sandbox.
+  join the sandbox's cgroups -> setns(ipc, uts, net, cgroup, pid, mnt) -> setns(user) ->
+  chroot to the holder's root -> uid/gid 0 of the user namespace (an unprivileged host uid) ->
+  fork (to be inside the pid namespace) -> new session -> drop every capability (bounding set
+  too) -> no_new_privs -> the same seccomp filter as bwrap -> close every inherited fd -> a
+  clean environment -> imports resolve from the read-only interpreter bundle mounted in the
+  sandbox.
+
+It also makes each sandbox's user namespace and the id-mapped view of its image, before the
+launch: making a user namespace takes a single-threaded process, which the orchestrator is not.
 
 Protocol: one JSON line per connection on a Unix socket, answered with one JSON line:
   {"holder": PID, "procs": [cgroup.procs paths], "env": {...}, "socket": PATH, "path": [...]}
   -> {"pid": PID} or {"error": "..."}
+  {"userns": {"uid": HOST_UID, "count": N, "lower": PATH}}
+  -> {"ok": true} with two fds attached (SCM_RIGHTS): the user namespace mapping 0..N-1 to
+     HOST_UID.., and a detached read-only mount of PATH id-mapped through it; or {"error": ...}
 The zygote exits when its lifeline (a pipe from the orchestrator) closes.
 """
 
@@ -46,19 +53,37 @@ _spec = importlib.util.spec_from_file_location("orchard_agent", AGENT_SOURCE)
 agent = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(agent)
 
+# The user namespace comes last: as host root we may join any namespace, including one
+# the host owns (a network namespace prepared for the sandbox), which we could not once in the
+# sandbox's user namespace; joining that one still gives the capabilities chroot needs there.
 _NAMESPACES = (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000),
-               ("cgroup", 0x02000000), ("pid", 0x20000000), ("mnt", 0x00020000))
+               ("cgroup", 0x02000000), ("pid", 0x20000000), ("mnt", 0x00020000),
+               ("user", 0x10000000))
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 _CAP_V3 = 0x20080522
+CLONE_NEWUSER = 0x10000000
+SYS_OPEN_TREE = 428  # the same number on every architecture (new syscalls are unified)
+SYS_MOUNT_SETATTR = 442
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_IDMAP = 0x00100000
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
 class _CapHeader(ctypes.Structure):
@@ -71,7 +96,7 @@ class _CapData(ctypes.Structure):
 
 
 def _check(result, what):
-    if result != 0:
+    if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
@@ -90,14 +115,26 @@ def _enter(req):
             if name != "cgroup":  # older kernels have no cgroup namespace
                 raise
     root = os.open(f"/proc/{holder}/root", os.O_RDONLY | os.O_DIRECTORY)
+    # Read before any setns: /proc is not ours after setns(mnt).
+    own = {name: os.stat(f"/proc/self/ns/{name}").st_ino for name, _, _ in fds}
+    joined_user = False
     for name, flag, fd in fds:
-        _check(_libc.setns(fd, flag), f"setns({name})")
+        # One we are already in (the host's network for an open sandbox) is skipped.
+        if os.fstat(fd).st_ino != own[name]:
+            _check(_libc.setns(fd, flag), f"setns({name})")
+            joined_user = joined_user or name == "user"
         os.close(fd)
     # setns(mnt) puts us at the namespace's root, not bwrap's chroot inside it.
     os.fchdir(root)
     os.chroot(".")
     os.chdir("/")
     os.close(root)
+    if joined_user:
+        # Root of the namespace is the sandbox's unprivileged host uid. Our host uid 0 is not
+        # mapped in it, and capabilities in it survive this change (we were not its root).
+        os.setgroups([])
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
 
 
 def _confine(seccomp):
@@ -158,6 +195,57 @@ def _spawn(conn, req, seccomp):
     os._exit(0)
 
 
+def _make_userns(conn, req):
+    """In the zygote's child: a user namespace for one sandbox and its image's id-mapped view,
+    sent back as two fds; then exit."""
+    fds = []
+    try:
+        uid, count, lower = int(req["uid"]), int(req["count"]), req["lower"]
+        made_r, made_w = os.pipe()
+        done_r, done_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            # Made by the sandbox's own host uid, so that uid owns it: the launcher joins it
+            # (bwrap --userns) as that uid, never as host root.
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            ok = _libc.unshare(CLONE_NEWUSER) == 0
+            os.write(made_w, b"1" if ok else b"0")
+            os.read(done_r, 1)
+            os._exit(0)
+        try:
+            if os.read(made_r, 1) != b"1":
+                raise OSError("unshare(CLONE_NEWUSER) failed as an unprivileged uid: enable "
+                              "user namespaces (sysctl user.max_user_namespaces, "
+                              "kernel.unprivileged_userns_clone)")
+            for name in ("uid_map", "gid_map"):
+                with open(f"/proc/{pid}/{name}", "w") as f:
+                    f.write(f"0 {uid} {count}\n")
+            fds.append(os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC))
+        finally:
+            os.write(done_w, b"x")
+            with contextlib.suppress(ChildProcessError):  # SIGCHLD is ignored: reaped already
+                os.waitpid(pid, 0)
+        tree = _libc.syscall(SYS_OPEN_TREE, -100, lower.encode(),
+                             OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+        _check(tree, "open_tree")
+        fds.append(tree)
+        # Read-only too: the overlay only reads its lower layer, and this view must never
+        # let anything write the shared image as the sandbox's root.
+        attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, 0, 0, fds[0])
+        _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE,
+                             ctypes.byref(attr), ctypes.sizeof(attr)),
+               f"id-mapping {lower} (mount_setattr; does its filesystem support id-mapped "
+               "mounts?)")
+        reply, ancillary = {"ok": True}, fds
+    except BaseException as e:  # noqa: BLE001 - any failure goes back to the orchestrator
+        reply, ancillary = {"error": f"{type(e).__name__}: {e}"}, []
+    with contextlib.suppress(OSError):
+        socket.send_fds(conn, [json.dumps(reply).encode() + b"\n"], ancillary)
+    os._exit(0)
+
+
 def serve(socket_path, seccomp_path, lifeline):
     with open(seccomp_path, "rb") as f:
         seccomp = f.read()
@@ -186,6 +274,8 @@ def serve(socket_path, seccomp_path, lifeline):
             continue
         if os.fork() == 0:
             server.close()
+            if "userns" in req:
+                _make_userns(conn, req["userns"])
             _spawn(conn, req, seccomp)
         conn.close()
 

@@ -1,0 +1,109 @@
+"""Host uid ranges for sandbox user namespaces.
+
+Each sandbox's root is mapped to the first uid of a range of ``RANGE_SIZE`` host uids that no
+other live sandbox on this host holds, so a process that escapes one sandbox is an unprivileged
+host user that owns nothing of the host's and nothing of the other sandboxes' (files, signals,
+/proc entries). One shared range would be simpler, but then every sandbox would run as the same
+host uid and could reach another's processes and files after any kernel-level slip.
+
+Ranges are claimed host-wide, not per data dir, because several orchestrators may share a
+host: ``REGISTRY/<slot>`` is a symlink to the sandbox directory holding the claim. A claim whose
+directory is gone (an orchestrator's data dir removed while it was down) is stale and is
+reused once no slot is free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from orchard.env.backends.local.filelock import exclusive_lock
+
+# 0x70000000 and up: above the ranges useradd hands out in /etc/subuid (100000..600100000) and
+# systemd-nspawn's container ranges (up to 0x6FFFFFFF), below the 2^31 that tools reading uids
+# as signed ints mishandle, and below systemd's "foreign" range at 0x7FFE0000.
+FIRST_UID = 0x70000000
+RANGE_SIZE = 65536  # uids 0..65535 inside: root, system users and nobody (65534)
+SLOTS = 4094
+REGISTRY = Path("/run/orchard/uid-ranges")
+UID_FILE = "uid"  # in the sandbox dir: the host uid of its root
+
+
+class UidRangeError(RuntimeError):
+    """No uid range is free, or the user namespace could not be made; the message says why."""
+
+
+class UidRanges:
+    """Claims and releases per-sandbox host uid ranges."""
+
+    def __init__(self, registry: Path = REGISTRY) -> None:
+        self.registry = registry
+        self.registry.mkdir(parents=True, exist_ok=True)
+
+    def claim(self, sandbox_dir: Path) -> int:
+        """A free range's first host uid, recorded in ``sandbox_dir/uid``."""
+        owner = str(sandbox_dir.resolve())
+        with exclusive_lock(self.registry.parent / "uid-ranges.lock"):
+            taken = set(os.listdir(self.registry))
+            slot = next((s for s in range(SLOTS) if str(s) not in taken), None)
+            if slot is None:
+                slot = next((s for s in range(SLOTS) if self._stale(s)), None)
+            if slot is None:
+                raise UidRangeError(
+                    f"all {SLOTS} sandbox uid ranges on this host are in use; delete sandboxes "
+                    f"(claims are listed in {self.registry})")
+            link = self.registry / str(slot)
+            link.unlink(missing_ok=True)
+            link.symlink_to(owner)
+        base = FIRST_UID + slot * RANGE_SIZE
+        (sandbox_dir / UID_FILE).write_text(str(base))
+        return base
+
+    def release(self, sandbox_dir: Path, base: int) -> None:
+        """Drop the claim of a removed sandbox dir whose root was host uid ``base``."""
+        link = self.registry / str((base - FIRST_UID) // RANGE_SIZE)
+        owner = str(sandbox_dir.resolve())
+        with exclusive_lock(self.registry.parent / "uid-ranges.lock"):
+            try:
+                if os.readlink(link) == owner:
+                    link.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _stale(self, slot: int) -> bool:
+        try:
+            return not os.path.isdir(os.readlink(self.registry / str(slot)))
+        except FileNotFoundError:
+            return True
+
+
+def uid_of(sandbox_dir: Path) -> int | None:
+    """The host uid of a sandbox's root, or None for a sandbox without a user namespace."""
+    try:
+        return int((sandbox_dir / UID_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def zygote_userns(zygote_socket: Path, uid: int, lower: Path, timeout: float) -> tuple[int, int]:
+    """Asks the zygote (see zygote.py) for a sandbox's user namespace, mapping 0..RANGE_SIZE-1
+    to host ``uid``.., and a read-only view of ``lower`` id-mapped through it: (userns fd,
+    mount fd), both the caller's to close. Blocking; UidRangeError says what failed."""
+    request = {"userns": {"uid": uid, "count": RANGE_SIZE, "lower": str(lower)}}
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(str(zygote_socket))
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            line, fds, _, _ = socket.recv_fds(conn, 65536, 2)
+    except OSError as e:
+        raise UidRangeError(f"the agent fork-server did not answer ({e!r})") from None
+    reply = json.loads(line or b'{"error": "no reply"}')
+    if "error" in reply or len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        raise UidRangeError(f"could not make the user namespace: "
+                            f"{reply.get('error', 'no fds in the reply')}")
+    return fds[0], fds[1]
