@@ -31,23 +31,20 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
 from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
+from orchard.env.backends.local.relay import MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of, zygote_userns
-from orchard.env.schema import LimitReport, parse_egress_entry
+from orchard.env.schema import LimitReport
 
 log = logging.getLogger("orchard.env")
 CTL_MOUNT = "/.orchard/ctl"
 SOCKET_NAME = "agent.sock"
-MODEL_SOCKET = "model.sock"
-# Where a model_proxy sandbox finds the recording proxy, on its own loopback.
-MODEL_PORT = 18080
 _MAX_UNIX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 USER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Host entries a "host" sandbox sees read-only; everything else (/root, /home, /tmp, /var, the
@@ -99,11 +96,8 @@ class LocalBackend:
         if any(c in str(data_dir) for c in ",:"):
             raise BackendError(f"data dir {data_dir} must not contain ',' or ':' (overlayfs "
                                "option syntax); choose another --data-dir")
-        self.model_proxy = _proxy_address(model_proxy) if model_proxy else None
-        self._relays: dict[str, asyncio.Server] = {}
-        self.egress_refresh = egress_refresh
-        self._egress_seen: dict[str, list[network.IPNetwork] | None] = {}
-        self._egress_task: asyncio.Task[None] | None = None
+        self.relays = ModelRelays(model_proxy)
+        self.egress = network.EgressRules(data_dir / "sandboxes", egress_refresh)
         self.data_dir = data_dir
         self.sandboxes_dir = data_dir / "sandboxes"
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
@@ -185,7 +179,7 @@ class LocalBackend:
 
     async def start(self) -> None:
         """The zygote started with the backend; only the allow-list refresh is left."""
-        self._egress_task = asyncio.create_task(self._refresh_egress_loop())
+        self.egress.start()
 
     def check(self, spec: SandboxSpec) -> None:
         if spec.image != "host" and not spec.image.startswith("/"):
@@ -252,7 +246,7 @@ class LocalBackend:
             self._launchers[spec.sandbox_id] = proc
             if spec.model_proxy:
                 (sdir / "model-proxy").touch()  # so an adopting orchestrator re-opens the relay
-                await self._open_relay(spec.sandbox_id)
+                await self.relays.open(spec.sandbox_id, sdir / "ctl", uid)
             holder = await self._await_holder(spec.sandbox_id, proc)
             if not spec.block_network:
                 await asyncio.to_thread(self._attach_network, spec, holder, net_r)
@@ -280,40 +274,12 @@ class LocalBackend:
     def _attach_network(self, spec: SandboxSpec, holder: int, exit_fd: int) -> None:
         """Egress rules first, then the link: no packet leaves before the rules are in."""
         sdir = self._dir(spec.sandbox_id)
-        allowed = None if spec.egress is None else network.resolve(spec.egress)
-        network.save_egress(sdir, spec.egress)
         try:
-            network.apply_rules(holder, allowed)
+            self.egress.install(spec.sandbox_id, holder, spec.egress)
             self._slirps[spec.sandbox_id] = network.start_slirp(
                 holder, exit_fd, self.cgroups.procs_files(spec.sandbox_id), sdir / "launch.log")
         except network.NetworkError as e:
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
-        self._egress_seen[spec.sandbox_id] = allowed
-
-    async def refresh_egress(self) -> None:
-        """Re-resolve the names in every allow-list; apply what changed."""
-        for sdir in list(self.sandboxes_dir.iterdir()):
-            entries = network.load_egress(sdir)
-            if not entries or all(not isinstance(parse_egress_entry(e), str) for e in entries):
-                continue
-            allowed = await asyncio.to_thread(network.resolve, entries)
-            if allowed == self._egress_seen.get(sdir.name):
-                continue
-            try:
-                pid = int((sdir / "agent.pid").read_text())
-                await asyncio.to_thread(network.update_allowed, pid, allowed)
-            except (OSError, ValueError, network.NetworkError) as e:
-                log.warning("egress refresh of %s failed: %s", sdir.name, e)
-                continue
-            self._egress_seen[sdir.name] = allowed
-
-    async def _refresh_egress_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.egress_refresh)
-            try:
-                await self.refresh_egress()
-            except Exception:  # noqa: BLE001 - the next pass tries again
-                log.exception("egress refresh pass failed")
 
     def _user_namespace(self, sdir: Path, upper: Path, lower: Path) -> tuple[int, int, int]:
         """Claims the sandbox's host uid range and has the zygote make its user namespace and
@@ -431,51 +397,12 @@ class LocalBackend:
 
     # --- delete / list / adopt -------------------------------------------------------------
 
-    # --- the model relay -------------------------------------------------------------------
-
     def model_base_url(self, session: str) -> str:
-        if self.model_proxy is None:
-            raise SpecRejected("this orchestrator has no recording proxy: start it with "
-                               "--model-proxy http://HOST:PORT")
-        return f"http://127.0.0.1:{MODEL_PORT}/s/{session}/v1"
-
-    async def _open_relay(self, sandbox_id: str) -> None:
-        """The host end of a model_proxy sandbox's only way out: a Unix socket in its control
-        dir (where its agent relays 127.0.0.1:MODEL_PORT) connected to the proxy and nowhere
-        else, so what the sandbox may reach is fixed here, not by anything inside it."""
-        path = self._dir(sandbox_id) / "ctl" / MODEL_SOCKET
-        path.unlink(missing_ok=True)
-        self._relays[sandbox_id] = await asyncio.start_unix_server(self._relay, path=str(path))
-        uid = uid_of(self._dir(sandbox_id))
-        if uid is not None:  # the agent, as sandbox root, connects to it
-            os.chown(path, uid, uid)
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        assert self.model_proxy is not None
-        host, port = self.model_proxy
-        try:
-            up_reader, up_writer = await asyncio.open_connection(host, port)
-        except OSError as e:
-            body = json.dumps({"error": {
-                "message": f"the recording proxy at {host}:{port} is unreachable ({e}); start "
-                           "`orchard proxy` there or fix the orchestrator's --model-proxy",
-                "type": "orchard_proxy_unreachable", "code": 502}}).encode()
-            writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\n"
-                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(body), body))
-            await _close(writer)
-            return
-        try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        finally:
-            await _close(up_writer)
-            await _close(writer)
+        return self.relays.base_url(session)
 
     async def delete(self, sandbox_id: str) -> None:
-        self._egress_seen.pop(sandbox_id, None)
-        relay = self._relays.pop(sandbox_id, None)
-        if relay is not None:
-            relay.close()
+        self.egress.forget(sandbox_id)
+        self.relays.close(sandbox_id)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._teardown_pool, self._delete_sync, sandbox_id)
 
@@ -513,17 +440,15 @@ class LocalBackend:
         # The agent itself must be alive: the holder alone keeps the cgroup populated.
         if not sock.exists() or agent not in self.cgroups.pids(sandbox_id):
             return None
-        if ((self._dir(sandbox_id) / "model-proxy").exists() and self.model_proxy
-                and sandbox_id not in self._relays):
-            await self._open_relay(sandbox_id)
+        if ((self._dir(sandbox_id) / "model-proxy").exists() and self.relays.proxy
+                and sandbox_id not in self.relays):
+            await self.relays.open(sandbox_id, self._dir(sandbox_id) / "ctl",
+                                   uid_of(self._dir(sandbox_id)))
         return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}")
 
     async def close(self) -> None:
-        if self._egress_task is not None:
-            self._egress_task.cancel()
-        for relay in self._relays.values():
-            relay.close()
-        self._relays.clear()
+        self.egress.stop()
+        self.relays.close_all()
         self._teardown_pool.shutdown(wait=True)
         self.cgroups.remove_group()
         os.close(self._lifeline)
@@ -547,32 +472,6 @@ def remove_leftovers(data_dir: Path) -> None:
         with contextlib.suppress(CgroupError):
             cgroups.kill(sid)
     cgroups.remove_group()
-
-
-def _proxy_address(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.path.strip("/"):
-        raise BackendError(f"--model-proxy {url!r} must be http://HOST:PORT with no path: "
-                           "sandboxes reach it through a byte relay, so TLS and path "
-                           "prefixes cannot be added on the way")
-    return parts.hostname, parts.port or 80
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except OSError:
-        writer.close()  # the other side of a broken pair: end the whole connection
-
-
-async def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
 
 
 def _children(pid: int) -> list[int]:

@@ -21,8 +21,10 @@ end is held only by the holder).
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from orchard.env.schema import IPNetwork, parse_egress_entry
 
+log = logging.getLogger("orchard.env")
 SLIRP_DNS = "10.0.2.3"
 RESOLV_CONF = f"nameserver {SLIRP_DNS}\noptions timeout:2 attempts:2\n"
 EGRESS_FILE = "egress.json"  # the allow-list as asked for: names are re-resolved from it
@@ -186,3 +189,59 @@ def load_egress(sdir: Path) -> list[str] | None:
         return json.loads((sdir / EGRESS_FILE).read_text())["egress"]
     except (OSError, ValueError, KeyError):
         return None
+
+
+class EgressRules:
+    """The egress tables of one data dir's networked sandboxes, and their names kept current.
+
+    What each sandbox asked for is saved in its dir (``egress.json``), so an orchestrator that
+    re-adopts sandboxes after a restart refreshes their names too.
+    """
+
+    def __init__(self, sandboxes_dir: Path, refresh: float) -> None:
+        self.sandboxes_dir = sandboxes_dir
+        self.refresh = refresh
+        self._applied: dict[str, list[IPNetwork] | None] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def install(self, sandbox_id: str, pid: int, egress: Sequence[str] | None) -> None:
+        """Resolve, save and apply a new sandbox's rules in the namespace of ``pid``."""
+        allowed = None if egress is None else resolve(egress)
+        save_egress(self.sandboxes_dir / sandbox_id, egress)
+        apply_rules(pid, allowed)
+        self._applied[sandbox_id] = allowed
+
+    def forget(self, sandbox_id: str) -> None:
+        self._applied.pop(sandbox_id, None)
+
+    async def refresh_once(self) -> None:
+        """Re-resolve the names in every allow-list; apply what changed."""
+        for sdir in list(self.sandboxes_dir.iterdir()):
+            entries = load_egress(sdir)
+            if not entries or all(not isinstance(parse_egress_entry(e), str) for e in entries):
+                continue
+            allowed = await asyncio.to_thread(resolve, entries)
+            if allowed == self._applied.get(sdir.name):
+                continue
+            try:
+                pid = int((sdir / "agent.pid").read_text())  # in the sandbox's namespaces
+                await asyncio.to_thread(update_allowed, pid, allowed)
+            except (OSError, ValueError, NetworkError) as e:
+                log.warning("egress refresh of %s failed: %s", sdir.name, e)
+                continue
+            self._applied[sdir.name] = allowed
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh)
+            try:
+                await self.refresh_once()
+            except Exception:  # noqa: BLE001 - the next pass tries again
+                log.exception("egress refresh pass failed")
