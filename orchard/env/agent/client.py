@@ -345,7 +345,9 @@ async def _within(coro: Awaitable[_T], seconds: float | None, address: str) -> _
     if seconds is None:
         return await coro
     try:
-        return await asyncio.wait_for(coro, seconds)
+        # asyncio.timeout arms one timer; wait_for would wrap each wait in a task of its own.
+        async with asyncio.timeout(seconds):
+            return await coro
     except TimeoutError:
         raise AgentTimeout(
             f"the agent at {address} accepted the request but did not answer within "
