@@ -24,7 +24,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[all,dev]'
 	@touch $(STAMP)
 
 # The main job: the training pipeline end to end (see docs/guides/recipes.md).

@@ -1,48 +1,50 @@
 """Which optional part of orchard needs which extra, and the error for a missing one.
 
 ``pip install orchard`` is the SDK and the CLI client. The orchestrator, the rollout layer,
-grading and training each need an extra (see pyproject.toml). Their packages import their
-third-party dependencies inside ``needs(...)``, so a missing one is a one-line error naming
-the extra to install rather than a traceback ending in some library's ``import``.
+task grading and training each need an extra (pyproject.toml lists them). Each of those parts
+calls ``require`` when it is first imported, so a missing dependency is a one-line error that
+names the extra to install, not a traceback ending in some library's ``import``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import importlib.util
 
-EXTRAS = {
-    "server": "the orchestrator (orchard serve, SandboxClient.local)",
-    "rollout": "the recording proxy and harness adapters",
-    "tasks": "task grading",
-    "train": "the training recipes",
+# The modules each extra installs, as imported. Only presence is checked (find_spec), so a
+# part pays nothing for the check but a few path lookups.
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "server": ("orchard serve and SandboxClient.local()",
+               ("fastapi", "uvicorn", "prometheus_client", "platformdirs", "pyseccomp", "yaml",
+                "redis", "kubernetes_asyncio")),
+    "rollout": ("the recording proxy and the harness adapters",
+                ("fastapi", "uvicorn", "yaml", "transformers", "tokenizers", "minisweagent")),
+    "tasks": ("task sets and their grading", ("yaml", "datasets", "pyarrow", "swebench")),
+    "train": ("the training recipes and charts",
+              ("transformers", "datasets", "torch", "matplotlib")),
 }
 
 
 class MissingExtra(ImportError):
-    """A third-party package of an optional part is not installed; the message names the
-    extra that installs it."""
+    """A dependency of an optional part is not installed; the message names the extra."""
 
-    def __init__(self, extra: str, package: str) -> None:
+    def __init__(self, extra: str, module: str) -> None:
         self.extra = extra
-        self.package = package
-        super().__init__(
-            f"{EXTRAS[extra]} needs {package!r}, which is not installed: "
-            f"pip install 'orchard[{extra}]'", name=package)
+        self.module = module
+        super().__init__(f"{EXTRAS[extra][0]} need the Python package {module!r}, which comes "
+                         f"with orchard's [{extra}] extra: pip install 'orchard[{extra}]'",
+                         name=module)
 
 
-@contextlib.contextmanager
-def needs(extra: str) -> Iterator[None]:
-    """Turns a missing third-party module imported inside the block into MissingExtra.
+def require(*extras: str) -> None:
+    """Raises MissingExtra for the first module of ``extras`` that is not installed."""
+    for extra in extras:
+        if extra not in EXTRAS:
+            raise ValueError(f"unknown extra {extra!r}; known: {', '.join(EXTRAS)}")
+        for module in EXTRAS[extra][1]:
+            require_module(module, extra)
 
-    A missing orchard module is a bug, not a missing extra, and is left as it is.
-    """
-    if extra not in EXTRAS:
-        raise ValueError(f"unknown extra {extra!r}; known: {', '.join(EXTRAS)}")
-    try:
-        yield
-    except ModuleNotFoundError as e:
-        top = (e.name or "").split(".")[0]
-        if not top or top == "orchard":
-            raise
-        raise MissingExtra(extra, top) from None
+
+def require_module(module: str, extra: str) -> None:
+    """Raises MissingExtra if ``module`` (one that ``extra`` installs) is not installed."""
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtra(extra, module)

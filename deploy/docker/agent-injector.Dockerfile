@@ -19,7 +19,7 @@ COPY pyproject.toml README.md /src/
 COPY orchard /src/orchard
 # The bundle is built from this stage's interpreter (ldd and patchelf collect its libraries) and
 # patched to load from /.orchard/bundle: it must be copied to exactly that path below.
-RUN pip install --no-cache-dir /src && orchard agent-bundle /out/bundle
+RUN pip install --no-cache-dir "/src[server]" && orchard agent-bundle /out/bundle
 
 FROM scratch
 COPY --from=build /out/bundle /.orchard/bundle

@@ -26,7 +26,8 @@ RUN groupadd --system --gid 10001 orchard \
 
 COPY pyproject.toml README.md /src/
 COPY orchard /src/orchard
-RUN pip install --no-cache-dir /src && rm -rf /src
+# The server extra only: no torch, no tokenizers, no grading in the orchestrator image.
+RUN pip install --no-cache-dir "/src[server]" && rm -rf /src
 
 USER 10001:10001
 EXPOSE 8000

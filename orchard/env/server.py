@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from orchard.extras import require
+
+# Before any third-party import: a missing one is then a one-line error naming its extra.
+require("server")
+
 import contextlib
 import ipaddress
 import logging

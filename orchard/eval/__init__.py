@@ -2,6 +2,11 @@
 (tasks x harness x n, concurrency, retries, resume, heartbeats), results (resolved rate,
 pass@k, failure classes) and reports comparing runs."""
 
+from orchard.extras import require
+
+# Before any third-party import: a missing one is then a one-line error naming its extra.
+require("rollout", "tasks")
+
 from orchard.eval.evaluate import evaluate, make_harness
 from orchard.eval.harness import (
     HARNESSES,

@@ -10,6 +10,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from orchard.extras import require_module
+
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
@@ -91,6 +93,7 @@ def compare_tables(summaries: Sequence[dict[str, Any]],
 
 def draw_chart(summaries: Sequence[dict[str, Any]], paths: Sequence[Path], out: Path) -> Path:
     """A PNG: resolved rate and pass@k per run (grouped bars)."""
+    require_module("matplotlib", "train")
     import matplotlib
 
     matplotlib.use("Agg")  # no display: render to a file

@@ -1,6 +1,11 @@
 """Recipes: training methods on top of rollouts (credit-assignment SFT, BAR RL, value-model
 reranking) and the reference loop that runs them end to end."""
 
+from orchard.extras import require
+
+# Before any third-party import: a missing one is then a one-line error naming its extra.
+require("train")
+
 from orchard.recipes.bar import (
     BARConfig,
     GroupResult,

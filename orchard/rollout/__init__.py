@@ -8,6 +8,11 @@ mini-swe-agent, datasets for exports), so a proxy imports none of them.
 
 from __future__ import annotations
 
+from orchard.extras import require
+
+# Before any third-party import: a missing one is then a one-line error naming its extra.
+require("rollout")
+
 import importlib
 from typing import Any
 

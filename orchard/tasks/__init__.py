@@ -2,6 +2,11 @@
 datasets, the bundled set, HumanEval), repository set-up in a sandbox, fresh-sandbox grading
 and task-set validation."""
 
+from orchard.extras import require
+
+# Before any third-party import: a missing one is then a one-line error naming its extra.
+require("tasks")
+
 from orchard.tasks.grading import Grade, grade
 from orchard.tasks.loaders import BUNDLED_DIR, TaskLoadError, load_task_dir, load_tasks
 from orchard.tasks.model import Budget, RepoSource, Task, file_diff, patch_files

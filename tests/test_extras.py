@@ -1,0 +1,100 @@
+"""`pip install orchard` is the SDK and the CLI client; each optional part names its extra.
+
+The SDK-only test installs the repository into a fresh virtual environment (the core
+dependencies only, from the package index) and drives the session's orchestrator from it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+from orchard.extras import EXTRAS, MissingExtra, require
+
+REPO = Path(__file__).resolve().parents[1]
+# Never in an SDK-only install: the server side, the rollout layer, grading, training.
+HEAVY = ("fastapi", "uvicorn", "redis", "kubernetes_asyncio", "transformers", "torch",
+         "datasets", "swebench", "minisweagent", "litellm", "matplotlib")
+
+
+def run_without(modules: list[str], code: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` in a fresh interpreter where importing ``modules`` fails as if they were
+    not installed (a None entry in sys.modules is how Python spells that)."""
+    prelude = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules)
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def test_require_names_the_extra_and_the_missing_module() -> None:
+    r = run_without(["minisweagent"], """
+        from orchard.extras import MissingExtra
+        try:
+            import orchard.rollout
+        except MissingExtra as e:
+            print(e.extra, e.module, e, sep="|")
+        """)
+    assert r.returncode == 0, r.stderr
+    extra, module, message = r.stdout.strip().split("|")
+    assert (extra, module) == ("rollout", "minisweagent")
+    assert "pip install 'orchard[rollout]'" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("package", "extra"), [
+    ("orchard.env.server", "server"), ("orchard.tasks", "tasks"),
+    ("orchard.eval", "rollout"), ("orchard.recipes", "train"),
+])
+def test_each_layer_checks_its_extra(package: str, extra: str) -> None:
+    first = EXTRAS[extra][1][0]
+    r = run_without([first], f"import {package}")
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("orchard.extras.MissingExtra:"), r.stderr
+    assert f"orchard[{extra}]" in last and repr(first) in last
+
+
+def test_an_installed_extra_passes() -> None:
+    require(*EXTRAS)  # this venv has everything (`make setup` installs [all])
+    with pytest.raises(ValueError, match="unknown extra"):
+        require("gpu")
+    assert issubclass(MissingExtra, ImportError)
+
+
+@pytest.mark.root
+def test_sdk_only_install_drives_a_running_server(orchestrator: str, tmp_path: Path) -> None:
+    env_dir = tmp_path / "sdk-venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    install = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                              str(REPO)], capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr[-3000:]
+    listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], capture_output=True,
+                            text=True, check=True).stdout.lower()
+    names = {line.split("==")[0].replace("-", "_") for line in listed.splitlines()}
+    assert not names & set(HEAVY), f"an SDK-only install pulled in {names & set(HEAVY)}"
+
+    drive = textwrap.dedent(f"""
+        import sys
+        from orchard import SandboxClient
+        with SandboxClient({orchestrator!r}) as client:
+            sb = client.create_sandbox(image="host")
+            r = sb.exec("echo sdk-only $((6 * 7))")
+            sb.delete()
+            gone = sb.id not in {{s.sandbox_id for s in client.list_sandboxes()}}
+        print(r.exit_code, r.stdout.strip(), gone)
+        print(sorted(m for m in ("fastapi", "uvicorn", "torch") if m in sys.modules))
+        """)
+    r = subprocess.run([py, "-c", drive], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["0 sdk-only 42 True", "[]"]
+
+    # The server side is an extra: asking for it says which one, in one line.
+    r = subprocess.run([py, "-c", "from orchard import SandboxClient; SandboxClient.local()"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode != 0
+    assert "pip install 'orchard[server]'" in r.stderr.strip().splitlines()[-1]
