@@ -6,20 +6,32 @@ dependencies only, from the package index) and drives the session's orchestrator
 
 from __future__ import annotations
 
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import venv
 from pathlib import Path
 
+import httpx
 import pytest
 
 from orchard.extras import EXTRAS, MissingExtra, require
+from tests.conftest import create_ready, needs_root, run, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 # Never in an SDK-only install: the server side, the rollout layer, grading, training.
 HEAVY = ("fastapi", "uvicorn", "redis", "kubernetes_asyncio", "transformers", "torch",
          "datasets", "swebench", "minisweagent", "litellm", "matplotlib")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_without(modules: list[str], code: str) -> subprocess.CompletedProcess[str]:
@@ -64,7 +76,7 @@ def test_an_installed_extra_passes() -> None:
     assert issubclass(MissingExtra, ImportError)
 
 
-@pytest.mark.root
+@needs_root
 def test_sdk_only_install_drives_a_running_server(orchestrator: str, tmp_path: Path) -> None:
     env_dir = tmp_path / "sdk-venv"
     venv.create(env_dir, with_pip=True)
@@ -98,3 +110,44 @@ def test_sdk_only_install_drives_a_running_server(orchestrator: str, tmp_path: P
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode != 0
     assert "pip install 'orchard[server]'" in r.stderr.strip().splitlines()[-1]
+
+
+@needs_root
+def test_server_extra_alone_runs_the_orchestrator(tmp_path: Path) -> None:
+    """What the orchestrator image installs (`[server]`) is enough to serve, and has no torch."""
+    env_dir = tmp_path / "server-venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    install = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                              f"{REPO}[server]"], capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    probe = "import importlib.util as u; print([m for m in ('torch', 'transformers', " \
+            "'datasets', 'minisweagent') if u.find_spec(m)])"
+    assert subprocess.run([py, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip() == "[]"
+
+    port = free_port()
+    data = Path(tempfile.mkdtemp(prefix="/tmp/orc-srv-"))  # short: sockets live under it
+    server = subprocess.Popen([env_dir / "bin" / "orchard", "serve", "--port", str(port),
+                               "--data-dir", str(data)], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        if not wait_until(lambda: _healthy(url), timeout=120):
+            server.kill()
+            pytest.fail(f"orchard serve did not come up: {server.communicate()[0][-3000:]}")
+        with httpx.Client(base_url=url, timeout=60) as http:
+            sid = create_ready(http, {"image": "host"})
+            assert run(http, sid, command="echo served")["stdout"] == "served\n"
+            assert http.delete(f"/sandboxes/{sid}").status_code == 200
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
