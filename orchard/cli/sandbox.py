@@ -1,0 +1,242 @@
+"""``orchard sandbox ...``: create, list, use and delete sandboxes; only the SDK is needed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import shutil
+import signal
+import sys
+import termios
+import threading
+import tty
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from orchard.cli._common import friendly_errors, parse_labels, stderr
+from orchard.env.client import OrchardError, PtySession
+
+app = typer.Typer(no_args_is_help=True, help="Create, use and delete sandboxes.")
+
+_REMOTE_PATH = re.compile(r"^(?P<id>[a-z0-9][a-z0-9-]{0,62}):(?P<path>.+)$")
+
+
+@app.command("create")
+@friendly_errors
+def create(
+    ctx: typer.Context,
+    image: Annotated[
+        str, typer.Argument(help="'host', a rootfs dir or an image tarball.")
+    ] = "host",
+    cpu: Annotated[str | None, typer.Option(help="CPU limit, e.g. 2 or 500m.")] = None,
+    memory: Annotated[str | None, typer.Option(help="Memory limit, e.g. 512Mi.")] = None,
+    pids: Annotated[int | None, typer.Option(help="Max processes.")] = None,
+    network: Annotated[bool, typer.Option(
+        help="Outbound access to the public internet (not the host or private ranges).")] = False,
+    egress: Annotated[list[str] | None, typer.Option(
+        help="With --network: only this address, network or host name (repeatable).")] = None,
+    label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable).")] = None,
+    ttl: Annotated[float | None, typer.Option(help="Time to live in seconds.")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds it may take to become ready.")] = None,
+) -> None:
+    """Create a sandbox, wait until it is ready and print its id."""
+    with ctx.obj.client() as client:
+        sandbox = client.create_sandbox(
+            image,
+            block_network=not network,
+            egress=egress,
+            cpu=cpu,
+            memory=memory,
+            pids=pids,
+            labels=parse_labels(label or []),
+            ttl=ttl,
+            timeout=timeout,
+        )
+    typer.echo(sandbox.id)
+
+
+@app.command("ls")
+@friendly_errors
+def ls(
+    ctx: typer.Context,
+    label: Annotated[
+        list[str] | None, typer.Option(help="Only with KEY=VALUE (repeatable).")
+    ] = None,
+) -> None:
+    """List sandboxes."""
+    with ctx.obj.client() as client:
+        sandboxes = client.list_sandboxes(parse_labels(label or []))
+    table = Table(box=None)
+    # The id is what the other commands take: never cut it, however narrow the output.
+    table.add_column("ID", no_wrap=True, min_width=max((len(s.sandbox_id) for s in sandboxes),
+                                                       default=2))
+    for column in ("STATUS", "IMAGE", "NETWORK", "CPU", "MEMORY", "LABELS", "EXPIRES"):
+        table.add_column(column)
+    for sb in sandboxes:
+        table.add_row(
+            sb.sandbox_id,
+            sb.status.value,
+            sb.image,
+            "blocked" if sb.block_network else "open",
+            sb.cpu or "-",
+            sb.memory or "-",
+            ",".join(f"{k}={v}" for k, v in sb.labels.items()),
+            sb.expires_at.strftime("%Y-%m-%d %H:%M:%S") if sb.expires_at else "-",
+        )
+    Console().print(table)
+
+
+@app.command("exec")
+@friendly_errors
+def exec_(
+    ctx: typer.Context,
+    sandbox_id: str,
+    command: Annotated[list[str] | None, typer.Argument(help="Argv, after --.")] = None,
+    shell: Annotated[str | None, typer.Option(help="Run this string with /bin/sh -c.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Kill after this many seconds.")] = None,
+) -> None:
+    """Run a command; its output streams here and its exit code becomes ours."""
+    if (shell is None) == (not command):
+        raise typer.BadParameter("give a command after -- or a --shell string, not both")
+    with ctx.obj.client() as client:
+        sandbox = client.get_sandbox(sandbox_id)
+        job = None
+        for event in sandbox.stream(shell if shell is not None else command or [], timeout=timeout):
+            if event.type == "exit":
+                job = event.job
+                continue
+            out = sys.stdout if event.type == "stdout" else sys.stderr
+            out.buffer.write(event.data)
+            out.flush()
+    if job is None:
+        raise OrchardError("the output stream ended without the command's exit status")
+    if job.error:
+        stderr.print(f"[red]error:[/] {escape(job.error)}")
+    if job.timed_out:
+        raise typer.Exit(124)  # what timeout(1) exits with
+    raise typer.Exit(job.exit_code if job.exit_code is not None else 1)
+
+
+@app.command("shell")
+@friendly_errors
+def shell(
+    ctx: typer.Context,
+    sandbox_id: str,
+    command: Annotated[str, typer.Option(help="Program to run in the terminal.")] = "bash",
+) -> None:
+    """Open an interactive terminal in a sandbox."""
+    with ctx.obj.client() as client:
+        sandbox = client.get_sandbox(sandbox_id)
+        cols, rows = shutil.get_terminal_size()
+        with sandbox.pty(command, cols, rows) as term:
+            code = _interact(term)
+    raise typer.Exit(code)
+
+
+def _interact(term: PtySession) -> int:
+    """Wire this terminal to ``term`` until the remote program exits."""
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    done_r, done_w = os.pipe()  # the output thread's way to end the select() below
+    # A signal handler must not write to the websocket itself: it could interrupt a send()
+    # holding the socket's write lock and deadlock. It only wakes the loop, which resizes.
+    winch_r, winch_w = os.pipe()
+    failure: list[BaseException] = []
+
+    def pump_output() -> None:
+        try:
+            while chunk := term.recv():
+                os.write(stdout, chunk)
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            with contextlib.suppress(OSError):
+                os.write(done_w, b"x")
+
+    saved_tty = termios.tcgetattr(stdin) if os.isatty(stdin) else None
+    saved_winch = signal.signal(signal.SIGWINCH, lambda *_: os.write(winch_w, b"x"))
+    reader = threading.Thread(target=pump_output, daemon=True)
+    try:
+        if saved_tty is not None:
+            # Keystrokes (Ctrl-C included) go to the remote terminal as is. TCSADRAIN, not the
+            # default TCSAFLUSH: what was typed while the terminal opened must not be lost.
+            tty.setraw(stdin, termios.TCSADRAIN)
+        reader.start()
+        while True:
+            ready, _, _ = select.select([stdin, done_r, winch_r], [], [])
+            if done_r in ready:
+                break
+            if winch_r in ready:
+                os.read(winch_r, 64)
+                term.resize(*shutil.get_terminal_size())
+            if stdin in ready:
+                data = os.read(stdin, 4096)
+                if not data:
+                    term.send(b"\x04")  # our input ended: tell the remote program, as a tty would
+                    reader.join()
+                    break
+                term.send(data)
+    finally:
+        if saved_tty is not None:
+            termios.tcsetattr(stdin, termios.TCSADRAIN, saved_tty)
+        signal.signal(signal.SIGWINCH, saved_winch)
+        for fd in (done_r, done_w, winch_r, winch_w):
+            os.close(fd)
+    if failure:
+        raise failure[0]
+    return term.exit_code if term.exit_code is not None else 1
+
+
+@app.command("cp")
+@friendly_errors
+def cp(
+    ctx: typer.Context,
+    src: Annotated[str, typer.Argument(help="Local path or SANDBOX:PATH.")],
+    dst: Annotated[str, typer.Argument(help="Local path or SANDBOX:PATH.")],
+) -> None:
+    """Copy a file into or out of a sandbox, streamed."""
+    remote_src, remote_dst = _REMOTE_PATH.match(src), _REMOTE_PATH.match(dst)
+    if bool(remote_src) == bool(remote_dst):
+        raise typer.BadParameter("exactly one of SRC and DST must be SANDBOX:PATH")
+    with ctx.obj.client() as client:
+        if remote_dst:
+            sandbox = client.get_sandbox(remote_dst["id"])
+            size = sandbox.upload_file(src, remote_dst["path"]).size
+        else:
+            assert remote_src is not None
+            target = Path(dst)
+            if target.is_dir():
+                target /= Path(remote_src["path"]).name
+            sandbox = client.get_sandbox(remote_src["id"])
+            size = sandbox.download_file(remote_src["path"], target)
+    stderr.print(f"{escape(src)} -> {escape(dst)}: {size} bytes")
+
+
+@app.command("rm")
+@friendly_errors
+def rm(ctx: typer.Context, sandbox_ids: list[str]) -> None:
+    """Delete sandboxes."""
+    failed = False
+    with ctx.obj.client() as client:
+        for sandbox_id in sandbox_ids:
+            try:
+                found = client.delete_sandbox(sandbox_id).found
+            except OrchardError as exc:
+                stderr.print(f"[red]error:[/] {escape(sandbox_id)}: {escape(str(exc))}")
+                failed = True
+            else:
+                if not found:
+                    stderr.print(f"[red]error:[/] {escape(sandbox_id)}: no such sandbox "
+                                 "(see `orchard sandbox ls`)")
+                    failed = True
+                else:
+                    typer.echo(sandbox_id)
+    if failed:
+        raise typer.Exit(1)
