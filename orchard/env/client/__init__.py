@@ -1,13 +1,8 @@
 """Python SDK of the Orchard sandbox service: a blocking and an asyncio client."""
 
 from orchard.env.client.async_client import AsyncPtySession, AsyncSandbox, AsyncSandboxClient
-from orchard.env.client.base import (
-    ExecEvent,
-    ExecOptions,
-    ExecResult,
-    ProcessOutputResult,
-    RetryPolicy,
-)
+from orchard.env.client.base import RetryPolicy
+from orchard.env.client.calls import ExecOptions
 from orchard.env.client.errors import (
     APIError,
     AuthenticationError,
@@ -23,6 +18,7 @@ from orchard.env.client.errors import (
     TransportError,
     WaitTimeout,
 )
+from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
 from orchard.env.client.sync_client import PtySession, Sandbox, SandboxClient
 
 __all__ = [

@@ -1,48 +1,35 @@
-"""What the sync and async clients share: configuration, requests, responses, retries.
+"""What the sync and async clients share: configuration, retry decisions, cleanup.
 
-Each endpoint is described once, by a :class:`Call` built in :class:`API`, without I/O; the
-twins (``sync_client.py``, ``async_client.py``) only send calls, sleep for as long as
-:class:`BaseClient` says, and hand the response to ``call.parse``. The one blocking exception
-is the cleanup on SIGINT/SIGTERM (``_signals.py``), which must work from a signal handler.
+Each endpoint is described once, without I/O, in ``calls.py``; the twins (``sync_client.py``,
+``async_client.py``) only send calls, sleep for as long as :class:`BaseClient` says, and hand
+the response to ``call.parse``. The one blocking exception is the cleanup on SIGINT/SIGTERM
+(``_signals.py``), which must work from a signal handler.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import random
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
-from enum import Enum
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, Self, TypedDict, TypeVar
-from urllib.parse import quote
+from typing import Any, Protocol, Self, TypedDict
 
 import httpx
-from pydantic import BaseModel, ValidationError
 
 from orchard.env import schema
 from orchard.env.client import errors
 from orchard.env.client._signals import SignalCleanup, delete_sandboxes
+from orchard.env.client.calls import Call, Retry
+from orchard.env.client.http_errors import error_from_response, transport_error
 
 log = logging.getLogger("orchard.client")
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CHUNK_SIZE = 1 << 20
-# Long-poll and blocking-exec calls get a read timeout of the server-side wait plus this much,
-# so the server's own answer (a result or a clean 408) arrives before the client gives up.
-WAIT_MARGIN = 30.0
 # How long create_sandbox waits for readiness unless told otherwise.
 DEFAULT_READY_TIMEOUT = 120.0
-
-T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
 
 
 def resolve_config(base_url: str | None, api_key: str | None) -> tuple[str, str | None]:
@@ -54,160 +41,6 @@ def resolve_config(base_url: str | None, api_key: str | None) -> tuple[str, str 
         env("ORCHARD_API_KEY") or env("SANDBOX_API_KEY") or None)
     return url.rstrip("/"), key
 
-
-def b64decode(data: str | None) -> bytes:
-    return base64.b64decode(data) if data else b""
-
-
-# --- Results: the wire models plus byte accessors -------------------------------------------
-
-
-class ExecResult(schema.Job):
-    """A job. ``stdout``/``stderr`` are text; the ``*_bytes`` properties are exact."""
-
-    @property
-    def stdout_bytes(self) -> bytes:
-        # The server sets *_b64 only when the output is not UTF-8; then the text is lossy.
-        return b64decode(self.stdout_b64) if self.stdout_b64 is not None else self.stdout.encode()
-
-    @property
-    def stderr_bytes(self) -> bytes:
-        return b64decode(self.stderr_b64) if self.stderr_b64 is not None else self.stderr.encode()
-
-    @property
-    def finished(self) -> bool:
-        return self.status in (schema.JobStatus.succeeded, schema.JobStatus.failed)
-
-    @property
-    def ok(self) -> bool:
-        """Finished in time with exit code 0."""
-        return self.finished and self.exit_code == 0 and not self.timed_out
-
-
-class ExecEvent(schema.StreamEvent):
-    """One event of a streamed exec: an output chunk, or the final ``exit`` with the job."""
-
-    job: ExecResult | None = None
-
-    @property
-    def data(self) -> bytes:
-        return b64decode(self.data_b64)
-
-
-class ProcessOutputResult(schema.ProcessOutput):
-    """New output of a background process since the offsets that were asked for."""
-
-    @property
-    def stdout_bytes(self) -> bytes:
-        return b64decode(self.stdout_b64)
-
-    @property
-    def stderr_bytes(self) -> bytes:
-        return b64decode(self.stderr_b64)
-
-
-# --- Errors --------------------------------------------------------------------------------
-
-_STATUS_ERRORS: dict[int, type[errors.APIError]] = {
-    400: errors.InvalidRequest,
-    401: errors.AuthenticationError,
-    403: errors.AuthenticationError,
-    404: errors.NotFoundError,
-    408: errors.WaitTimeout,
-    409: errors.ConflictError,
-    413: errors.PayloadTooLarge,
-    422: errors.InvalidRequest,
-}
-
-
-def error_detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text.strip() or response.reason_phrase
-    detail = body.get("detail") if isinstance(body, dict) else body
-    if isinstance(detail, str):
-        return detail
-    if isinstance(detail, list):  # FastAPI's validation errors: [{"loc": [...], "msg": ...}]
-        return "; ".join(_validation_item(item) for item in detail)
-    return json.dumps(body)
-
-
-def _validation_item(item: object) -> str:
-    if not isinstance(item, dict):
-        return str(item)
-    loc = ".".join(str(part) for part in item.get("loc", ()) if part != "body")
-    msg = str(item.get("msg", item))
-    return f"{loc}: {msg}" if loc else msg
-
-
-def retry_after(response: httpx.Response) -> float | None:
-    """``Retry-After`` in seconds; it may be a number of seconds or an HTTP date."""
-    value = response.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-def error_for_status(
-    status: int, detail: str, *, retry_after: float | None = None, not_ready: str | None = None
-) -> errors.APIError:
-    if status == 409 and not_ready is not None:
-        return errors.SandboxNotReady(not_ready, detail)
-    if status == 503:
-        return errors.Overloaded(status, detail, retry_after)
-    cls = _STATUS_ERRORS.get(status) or (errors.ServerError if status >= 500 else errors.APIError)
-    return cls(status, detail)
-
-
-def error_from_response(response: httpx.Response, not_ready: str | None = None) -> errors.APIError:
-    return error_for_status(
-        response.status_code,
-        error_detail(response),
-        retry_after=retry_after(response),
-        not_ready=not_ready,
-    )
-
-
-def transport_error(exc: httpx.TransportError, what: str) -> errors.TransportError:
-    kind = (
-        errors.ConnectError
-        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-        else errors.TransportError
-    )
-    return kind(f"{what}: {str(exc) or type(exc).__name__}")
-
-
-@contextmanager
-def wire_errors(what: str) -> Iterator[None]:
-    """Maps httpx's errors while a streamed body is read, after ``send`` has returned."""
-    try:
-        yield
-    except httpx.TransportError as exc:
-        raise transport_error(exc, what) from exc
-
-
-# --- Calls -----------------------------------------------------------------------------------
-
-
-class Retry(Enum):
-    """When a call may be sent again."""
-
-    #: Sending it twice does what sending it once does: retry lost connections and 503s.
-    IDEMPOTENT = "idempotent"
-    #: Retry only a 503, which the server sends before doing anything. After a lost
-    #: connection the server may have run it, and an exec must never silently run twice.
-    OVERLOAD = "overload"
-    #: The body is a one-shot stream that cannot be sent again.
-    NEVER = "never"
 
 
 @dataclass(frozen=True)
@@ -227,369 +60,16 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_backoff, self.backoff * 2**attempt))
 
 
-@dataclass(frozen=True)
-class Call(Generic[T]):
-    """One endpoint invocation: the request to send, how to retry it, how to read the answer."""
 
-    method: str
-    path: str
-    parse: Callable[[httpx.Response], T]
-    params: list[tuple[str, str]] = field(default_factory=list)
-    json: Any = None
-    headers: dict[str, str] = field(default_factory=dict)
-    retry: Retry = Retry.IDEMPOTENT
-    timeout: httpx.Timeout | None = None  # None: the client's default
-    stream: bool = False  # hand back the response unread; the caller closes it
-    not_ready: str | None = None  # a 409 here means this sandbox failed to start
+class ClientOptions(TypedDict, total=False):
+    """Keyword options of both clients; :class:`BaseClient` documents them."""
 
-
-def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
-    def parse(response: httpx.Response) -> M:
-        try:
-            return cls.model_validate_json(response.content)
-        except ValidationError as exc:
-            raise errors.OrchardError(
-                f"{response.request.method} {response.request.url.path}: "
-                f"unexpected response from the server: {exc}"
-            ) from None
-
-    return parse
-
-
-def _ignore(response: httpx.Response) -> None:
-    return None
-
-
-def _response(response: httpx.Response) -> httpx.Response:
-    return response
-
-
-def _seg(value: str | int) -> str:
-    return quote(str(value), safe="")
-
-
-def _long(seconds: float | None) -> httpx.Timeout:
-    return httpx.Timeout(
-        30.0, connect=10.0, read=None if seconds is None else seconds + WAIT_MARGIN
-    )
-
-
-def _body(model: BaseModel) -> dict[str, Any]:
-    # Omitting unset optionals lets the server apply its own defaults.
-    return model.model_dump(mode="json", exclude_none=True)
-
-
-class ExecOptions(TypedDict, total=False):
-    """Keyword options of every exec flavour (exec, submit, stream, start_process)."""
-
-    timeout: float | None  # seconds before the command is killed (server default if None)
-    cwd: str | None
-    env: Mapping[str, str] | None  # added to the sandbox's default env
-    stdin: str | bytes | None  # bytes travel as base64; None closes stdin
-    max_output_bytes: int | None  # per stream; the middle is dropped beyond it
-    login_shell: bool
-
-
-def exec_request(
-    command: str | Sequence[str],
-    *,
-    timeout: float | None = None,
-    cwd: str | None = None,
-    env: Mapping[str, str] | None = None,
-    stdin: str | bytes | None = None,
-    max_output_bytes: int | None = None,
-    login_shell: bool = False,
-) -> schema.ExecRequest:
-    """A string runs under ``/bin/sh -c``; a list is an argv run without a shell."""
-    program: dict[str, Any] = (
-        {"command": command} if isinstance(command, str) else {"argv": list(command)}
-    )
-    if isinstance(stdin, bytes):
-        program["stdin_b64"] = base64.b64encode(stdin).decode()
-    elif stdin is not None:
-        program["stdin"] = stdin
-    if max_output_bytes is not None:
-        program["max_output_bytes"] = max_output_bytes
-    return schema.ExecRequest(
-        timeout_seconds=timeout,
-        cwd=cwd,
-        env=dict(env or {}),
-        login_shell=login_shell,
-        **program,
-    )
-
-
-class API:
-    """Every REST endpoint as a :class:`Call`."""
-
-    @staticmethod
-    def health() -> Call[schema.Health]:
-        return Call("GET", "/health", _model(schema.Health))
-
-    @staticmethod
-    def resources() -> Call[schema.Resources]:
-        return Call("GET", "/resources", _model(schema.Resources))
-
-    @staticmethod
-    def create_sandbox(request: schema.CreateSandboxRequest) -> Call[schema.SandboxInfo]:
-        # With an id, a resent create finds the first one instead of making a second sandbox.
-        retry = Retry.IDEMPOTENT if request.sandbox_id else Retry.OVERLOAD
-        return Call(
-            "POST", "/sandboxes", _model(schema.SandboxInfo), json=_body(request), retry=retry
-        )
-
-    @staticmethod
-    def list_sandboxes(labels: Mapping[str, str] | None) -> Call[schema.SandboxList]:
-        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
-        return Call("GET", "/sandboxes", _model(schema.SandboxList), params=params)
-
-    @staticmethod
-    def events(session: str | None, sandbox_id: str | None, labels: Mapping[str, str] | None,
-               after: int, limit: int) -> Call[schema.EventList]:
-        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
-        params += [("after", str(after)), ("limit", str(limit))]
-        if session is not None:
-            params.append(("session", session))
-        if sandbox_id is not None:
-            params.append(("sandbox_id", sandbox_id))
-        return Call("GET", "/events", _model(schema.EventList), params=params)
-
-    @staticmethod
-    def get_sandbox(sandbox_id: str) -> Call[schema.SandboxInfo]:
-        return Call("GET", f"/sandboxes/{_seg(sandbox_id)}", _model(schema.SandboxInfo))
-
-    @staticmethod
-    def wait_sandbox(sandbox_id: str, timeout: float) -> Call[schema.SandboxInfo]:
-        def ready(response: httpx.Response) -> schema.SandboxInfo:
-            info = schema.SandboxInfo.model_validate_json(response.content)
-            if info.status in (schema.SandboxStatus.failed, schema.SandboxStatus.deleted):
-                raise errors.SandboxNotReady(
-                    sandbox_id, f"sandbox {sandbox_id} is {info.status.value}: {info.error}",
-                    response.status_code)
-            return info
-
-        return Call(
-            "GET",
-            f"/sandboxes/{_seg(sandbox_id)}/wait",
-            ready,
-            params=[("timeout", str(timeout))],
-            timeout=_long(timeout),
-            not_ready=sandbox_id,
-        )
-
-    @staticmethod
-    def delete_sandbox(sandbox_id: str) -> Call[schema.DeleteResponse]:
-        return Call("DELETE", f"/sandboxes/{_seg(sandbox_id)}", _model(schema.DeleteResponse))
-
-    @staticmethod
-    def heartbeat(sandbox_id: str) -> Call[schema.SandboxInfo]:
-        return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/heartbeat", _model(schema.SandboxInfo))
-
-    @staticmethod
-    def _exec(
-        sandbox_id: str, request: schema.ExecRequest, parse: Callable[[httpx.Response], T]
-    ) -> Call[T]:
-        # Only these answer when the command ends, which may be long after the default timeout.
-        blocking = (request.wait or request.stream) and not request.background
-        return Call(
-            "POST",
-            f"/sandboxes/{_seg(sandbox_id)}/exec",
-            parse,
-            json=_body(request),
-            retry=Retry.OVERLOAD,
-            timeout=_long(request.timeout_seconds) if blocking else None,
-            stream=request.stream,
-        )
-
-    @staticmethod
-    def exec(sandbox_id: str, request: schema.ExecRequest
-             ) -> Call[ExecResult | schema.JobAccepted]:
-        """The finished job, or (if it outlasted its timeout plus a margin) its id to follow."""
-        def parse(response: httpx.Response) -> ExecResult | schema.JobAccepted:
-            body = response.json()
-            if "sandbox_id" not in body:
-                return schema.JobAccepted.model_validate(body)
-            return ExecResult.model_validate(body)
-
-        return API._exec(sandbox_id, request, parse)
-
-    @staticmethod
-    def submit(sandbox_id: str, request: schema.ExecRequest) -> Call[schema.JobAccepted]:
-        return API._exec(
-            sandbox_id, request.model_copy(update={"wait": False}), _model(schema.JobAccepted)
-        )
-
-    @staticmethod
-    def start_process(sandbox_id: str, request: schema.ExecRequest) -> Call[schema.ProcessInfo]:
-        return API._exec(
-            sandbox_id, request.model_copy(update={"background": True}), _model(schema.ProcessInfo)
-        )
-
-    @staticmethod
-    def stream(sandbox_id: str, request: schema.ExecRequest) -> Call[httpx.Response]:
-        return API._exec(sandbox_id, request.model_copy(update={"stream": True}), _response)
-
-    @staticmethod
-    def get_job(job_id: str) -> Call[ExecResult]:
-        return Call("GET", f"/jobs/{_seg(job_id)}", _model(ExecResult))
-
-    @staticmethod
-    def wait_job(job_id: str, timeout: float) -> Call[ExecResult]:
-        return Call(
-            "GET",
-            f"/jobs/{_seg(job_id)}/wait",
-            _model(ExecResult),
-            params=[("timeout", str(timeout))],
-            timeout=_long(timeout),
-        )
-
-    @staticmethod
-    def apply_patch(sandbox_id: str, request: schema.PatchRequest) -> Call[schema.PatchResponse]:
-        return Call(
-            "POST",
-            f"/sandboxes/{_seg(sandbox_id)}/apply_patch",
-            _model(schema.PatchResponse),
-            json=_body(request),
-            retry=Retry.OVERLOAD,
-            timeout=_long(request.timeout_seconds),
-        )
-
-    @staticmethod
-    def upload(
-        sandbox_id: str, path: str, data: bytes | str, mode: int | None
-    ) -> Call[schema.FileWriteResult]:
-        raw = data.encode() if isinstance(data, str) else data
-        request = schema.FileUpload(path=path, content=base64.b64encode(raw).decode(), mode=mode)
-        return Call(
-            "POST",
-            f"/sandboxes/{_seg(sandbox_id)}/files",
-            _model(schema.FileWriteResult),
-            json=_body(request),
-            retry=Retry.OVERLOAD,
-        )
-
-    @staticmethod
-    def upload_raw(
-        sandbox_id: str, path: str, mode: int | None, replayable: bool
-    ) -> Call[schema.FileWriteResult]:
-        """The body is passed to the twin's send, as a factory, since only it knows sync/async."""
-        params = [("path", path)] + ([("mode", str(mode))] if mode is not None else [])
-        return Call(
-            "PUT",
-            f"/sandboxes/{_seg(sandbox_id)}/files/raw",
-            _model(schema.FileWriteResult),
-            params=params,
-            headers={"Content-Type": "application/octet-stream"},
-            retry=Retry.OVERLOAD if replayable else Retry.NEVER,
-            timeout=_long(None),  # the server may take its time to flush a large file
-        )
-
-    @staticmethod
-    def download_raw(sandbox_id: str, path: str) -> Call[httpx.Response]:
-        return Call(
-            "GET",
-            f"/sandboxes/{_seg(sandbox_id)}/files/raw",
-            _response,
-            params=[("path", path)],
-            stream=True,
-        )
-
-    @staticmethod
-    def list_files(sandbox_id: str, path: str) -> Call[schema.FileList]:
-        return Call(
-            "GET",
-            f"/sandboxes/{_seg(sandbox_id)}/files/list",
-            _model(schema.FileList),
-            params=[("path", path)],
-        )
-
-    @staticmethod
-    def mkdir(sandbox_id: str, path: str) -> Call[None]:
-        return Call(
-            "POST",
-            f"/sandboxes/{_seg(sandbox_id)}/files/mkdir",
-            _ignore,
-            json=_body(schema.PathRequest(path=path)),
-            retry=Retry.OVERLOAD,
-        )
-
-    @staticmethod
-    def remove(sandbox_id: str, path: str, recursive: bool) -> Call[None]:
-        return Call(
-            "DELETE",
-            f"/sandboxes/{_seg(sandbox_id)}/files",
-            _ignore,
-            params=[("path", path), ("recursive", "true" if recursive else "false")],
-        )
-
-    @staticmethod
-    def list_processes(sandbox_id: str) -> Call[schema.ProcessList]:
-        return Call("GET", f"/sandboxes/{_seg(sandbox_id)}/processes", _model(schema.ProcessList))
-
-    @staticmethod
-    def get_process(sandbox_id: str, process_id: str | int) -> Call[schema.ProcessInfo]:
-        return Call(
-            "GET",
-            f"/sandboxes/{_seg(sandbox_id)}/processes/{_seg(process_id)}",
-            _model(schema.ProcessInfo),
-        )
-
-    @staticmethod
-    def process_output(
-        sandbox_id: str, process_id: str | int, stdout_offset: int, stderr_offset: int
-    ) -> Call[ProcessOutputResult]:
-        return Call(
-            "GET",
-            f"/sandboxes/{_seg(sandbox_id)}/processes/{_seg(process_id)}/output",
-            _model(ProcessOutputResult),
-            params=[("stdout_offset", str(stdout_offset)), ("stderr_offset", str(stderr_offset))],
-        )
-
-    @staticmethod
-    def kill_process(sandbox_id: str, process_id: str | int) -> Call[schema.ProcessInfo]:
-        return Call(
-            "DELETE",
-            f"/sandboxes/{_seg(sandbox_id)}/processes/{_seg(process_id)}",
-            _model(schema.ProcessInfo),
-        )
-
-    @staticmethod
-    def pty(
-        sandbox_id: str, command: str, cols: int, rows: int
-    ) -> tuple[str, dict[str, str | int]]:
-        """Path and query of the PTY websocket (it does not go through ``send``)."""
-        return (
-            f"/sandboxes/{_seg(sandbox_id)}/exec/pty",
-            {"command": command, "cols": cols, "rows": rows},
-        )
-
-
-def parse_event(line: str) -> ExecEvent:
-    return ExecEvent.model_validate_json(line)
-
-
-def pty_refused(response: httpx.Response) -> errors.APIError:
-    # httpx-ws closes the refused handshake's response unread, so only its status is left.
-    return error_for_status(
-        response.status_code, f"terminal refused: {response.reason_phrase or 'no reason given'}"
-    )
-
-
-def pty_resize_message(cols: int, rows: int) -> str:
-    return json.dumps({"resize": [cols, rows]})
-
-
-def pty_exit_code(text: str) -> int | None:
-    """The exit code carried by the server's last text frame, ``{"exit_code": N}``."""
-    try:
-        message = json.loads(text)
-    except ValueError:
-        return None
-    code = message.get("exit_code") if isinstance(message, dict) else None
-    return code if isinstance(code, int) else None
-
-
-# --- Client state shared by the twins ---------------------------------------------------------
+    api_key: str | None
+    timeout: float
+    retry: RetryPolicy | None
+    cleanup_on_close: bool
+    auto_cleanup: bool | None
+    prefix: str | None
 
 
 class _Stoppable(Protocol):

@@ -30,26 +30,26 @@ from httpx_ws import (
 from orchard.env import schema
 from orchard.env.client import errors
 from orchard.env.client.base import (
-    API,
     CHUNK_SIZE,
     DEFAULT_READY_TIMEOUT,
-    WAIT_MARGIN,
     BaseClient,
-    Call,
-    ExecEvent,
-    ExecOptions,
-    ExecResult,
-    ProcessOutputResult,
-    RetryPolicy,
+    ClientOptions,
     SandboxBase,
-    exec_request,
     log,
+)
+from orchard.env.client.calls import (
+    API,
+    WAIT_MARGIN,
+    Call,
+    ExecOptions,
+    exec_request,
     parse_event,
     pty_exit_code,
     pty_refused,
     pty_resize_message,
-    wire_errors,
 )
+from orchard.env.client.http_errors import wire_errors
+from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
 
 T = TypeVar("T")
 
@@ -65,23 +65,14 @@ class SandboxClient(BaseClient):
         self,
         base_url: str | None = None,
         *,
-        api_key: str | None = None,
-        timeout: float = 30.0,
-        retry: RetryPolicy | None = None,
-        cleanup_on_close: bool = True,
-        auto_cleanup: bool | None = None,
-        prefix: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        **options: Unpack[ClientOptions],
     ) -> None:
-        super().__init__(
-            base_url,
-            api_key=api_key,
-            timeout=timeout,
-            retry=retry,
-            cleanup_on_close=cleanup_on_close,
-            auto_cleanup=auto_cleanup,
-            prefix=prefix,
-        )
-        self._http = httpx.Client(**self._http_options())
+        """``transport`` carries the requests instead of httpx's network transport (e.g.
+        ``httpx.MockTransport`` in a test); the cleanup on SIGINT/SIGTERM still uses the
+        network. The other options are :class:`BaseClient`'s."""
+        super().__init__(base_url, **options)
+        self._http = httpx.Client(**self._http_options(), transport=transport)
 
     def __enter__(self) -> Self:
         return self
