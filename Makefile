@@ -33,10 +33,11 @@ demo: setup
 
 # A tour of the sandbox service alone (exec, files, patches, streaming, isolation, an eval).
 tour: setup
-	$(PY) -m orchard.env.demo
+	$(VENV)/bin/orchard tour
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -38,7 +38,6 @@ from orchard.eval.results import (
     summarize,
     write_outputs,
 )
-from orchard.rollout.minisweagent import SandboxUnavailable
 from orchard.tasks.grading import grade
 from orchard.tasks.model import Task
 from orchard.tasks.workspace import TaskSetupError
@@ -77,7 +76,7 @@ def classify(exc: BaseException) -> FailureClass:
     """Environment failures are retried; everything else is the rollout's result."""
     if isinstance(exc, TaskSetupError | InvalidRequest):
         return "task"  # the repository, pre_commands or image: the same on every retry
-    if isinstance(exc, OrchardError | SandboxUnavailable):
+    if isinstance(exc, OrchardError):  # the SDK's, and the harness adapters' SandboxUnavailable
         return "environment"
     if type(exc).__module__.split(".")[0] in ("litellm", "openai", "httpx", "httpcore"):
         return "model"

@@ -1,4 +1,4 @@
-"""`make demo`: the embedded orchestrator doing real work, with nothing to set up.
+"""``orchard tour`` (`make tour`): the sandbox service doing real work, with nothing to set up.
 
 Starts a private orchestrator (``SandboxClient.local()``), then shows exec, files, a patch,
 streaming, a timeout that kills a whole process tree, background processes and isolation,
@@ -14,11 +14,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
 from orchard import SandboxClient
-from orchard.eval.report import run_table
+
+app = typer.Typer()
 
 PATCH = """\
 --- a/hello.py
@@ -33,11 +35,11 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-def _eval(client: SandboxClient, out: Path, rows: list[tuple[str, str, str]]) -> dict:
+def _eval(client: SandboxClient, out: Path, rows: list[tuple[str, str, str]]) -> list[Table]:
     """The rollout pipeline end to end: mini-swe-agent driven by the scripted teacher model
     (which solves half the tasks) through the recording proxy, on the bundled test split,
     each patch graded in a fresh sandbox."""
-    from orchard.eval import RunConfig, TeacherHarness, evaluate
+    from orchard.eval import RunConfig, TeacherHarness, evaluate, run_table
     from orchard.tasks import load_tasks
 
     tasks = load_tasks("bundled", split="test")
@@ -50,10 +52,13 @@ def _eval(client: SandboxClient, out: Path, rows: list[tuple[str, str, str]]) ->
                  "[green]ok[/]" if rate == intended else "[red]FAILED[/]",
                  f"resolved {rate:.0%} (script solves {intended:.0%}), graded in fresh "
                  f"sandboxes  ({_ms(took)})"))
-    return {"run": {"run_id": out.name, "harness": "teacher"}, **summary}
+    return run_table({"run": {"run_id": out.name, "harness": "teacher"}, **summary},
+                     per_task=False)
 
 
+@app.command("tour")
 def main() -> None:
+    """A tour of the sandbox service on a private embedded orchestrator (needs root)."""
     console = Console()
     rows: list[tuple[str, str, str]] = []
 
@@ -131,19 +136,15 @@ def main() -> None:
             for s in sandboxes:
                 s.delete()
             sb.delete()
-            summary = _eval(client, Path(data) / "eval", rows)
+            eval_tables = _eval(client, Path(data) / "eval", rows)
 
-    table = Table(title="Orchard Env demo (embedded, local backend)")
+    table = Table(title="Orchard Env tour (embedded, local backend)")
     for col in ("step", "result", "detail"):
         table.add_column(col)
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    for t in run_table(summary, per_task=False):
+    for t in eval_tables:
         console.print(t)
     if any("FAILED" in r[1] for r in rows):
         raise SystemExit(1)
-
-
-if __name__ == "__main__":
-    main()
