@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import orchard.env.agent
-from orchard.env.backends.local import bundle as bundle_mod
-from orchard.env.backends.local.bundle import (
+from orchard.env.agent import bundle as bundle_mod
+from orchard.env.agent.bundle import (
     BUNDLE_MOUNT,
     BundleError,
     agent_command,

@@ -85,7 +85,7 @@ def agent_bundle(
     out: Annotated[Path, typer.Argument(help="Directory to write the bundle to (must not exist).")],
 ) -> None:
     """Build the agent bundle (interpreter + agent) for an agent-injector image."""
-    from orchard.env.backends.local.bundle import BundleError, ensure_bundle
+    from orchard.env.agent.bundle import BundleError, ensure_bundle
 
     if out.exists():
         raise typer.BadParameter(f"{out} exists; give a new directory")

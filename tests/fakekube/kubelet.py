@@ -24,10 +24,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from orchard.env.agent.bundle import BUNDLE_MOUNT
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.kubernetes.manifests import NETWORK, TOKEN_ENV
 from orchard.env.backends.local.backend import LocalBackend
-from orchard.env.backends.local.bundle import BUNDLE_MOUNT
 from tests.fakekube.apiserver import ApiError, FakeApiServer
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ import json
 import re
 from typing import Any
 
+from orchard.env.agent.bundle import BUNDLE_MOUNT, agent_command
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.kubernetes.config import KubernetesConfig
-from orchard.env.backends.local.bundle import BUNDLE_MOUNT, agent_command
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "orchard"}
 SANDBOX_ID = "orchard.dev/sandbox-id"

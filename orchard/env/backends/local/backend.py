@@ -32,9 +32,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from orchard.env.agent.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
 from orchard.env.backends.local import network, quota, zygote
-from orchard.env.backends.local.bundle import BUNDLE_MOUNT, ensure_bundle
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from orchard.env.backends.local.relay import MODEL_PORT, MODEL_SOCKET, ModelRelays

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
-from orchard.env.backends.local.filelock import exclusive_lock
+from orchard.env.filelock import exclusive_lock
 
 __all__ = ["ImageError", "ImageStore", "ResolvedImage"]
 

@@ -19,7 +19,7 @@ import os
 import socket
 from pathlib import Path
 
-from orchard.env.backends.local.filelock import exclusive_lock
+from orchard.env.filelock import exclusive_lock
 
 # 0x70000000 and up: above the ranges useradd hands out in /etc/subuid (100000..600100000) and
 # systemd-nspawn's container ranges (up to 0x6FFFFFFF), below the 2^31 that tools reading uids

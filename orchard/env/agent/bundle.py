@@ -34,8 +34,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import orchard.env.agent
-from orchard.env.backends.local.filelock import exclusive_lock
+from orchard.env.filelock import exclusive_lock
 
 __all__ = ["BUNDLE_MOUNT", "BundleError", "agent_command", "bundle_key", "ensure_bundle"]
 
@@ -47,7 +46,7 @@ BUNDLE_FORMAT = 1
 
 AGENT_ENTRY = "orchard_agent.py"
 DEFAULT_AGENT_SOURCES: tuple[Path, ...] = (
-    Path(orchard.env.agent.__file__).resolve().parent / "server.py",
+    Path(__file__).resolve().parent / "server.py",
 )
 
 _PY_DIR = f"python{sys.version_info.major}.{sys.version_info.minor}"
