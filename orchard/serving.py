@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import uvicorn
+
+T = TypeVar("T")
 
 
 class ThreadedServer:
@@ -20,13 +23,14 @@ class ThreadedServer:
         self.url: str | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self, timeout: float = 60.0) -> str:
         config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
                                 access_log=False, lifespan="on")
         self._server = server = uvicorn.Server(config)
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self._thread = threading.Thread(target=lambda: asyncio.run(server.serve()),
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve(server)),
                                         name=self.name, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
@@ -40,9 +44,21 @@ class ThreadedServer:
         self.url = f"http://127.0.0.1:{port}"
         return self.url
 
+    async def _serve(self, server: uvicorn.Server) -> None:
+        self._loop = asyncio.get_running_loop()
+        await server.serve()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """Runs ``coro`` on the server's event loop, where its app's objects live, and waits
+        for its result; for callers in other threads."""
+        if self._loop is None or self._server is None:
+            coro.close()
+            raise RuntimeError(f"{self.name} is not running; start it first")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
     def stop(self) -> None:
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(60)
-        self._server = self._thread = None
+        self._server = self._thread = self._loop = None
         self.url = None

@@ -178,6 +178,10 @@ class EmbeddedOrchestrator(ThreadedServer):
         super().stop()
         self._remove_private()
 
+    def reconcile_once(self) -> None:
+        """One reconcile pass now, instead of at the next interval (tests, notebooks)."""
+        self.call(self.app.state.service.reconcile_once())
+
     def _remove_private(self) -> None:
         if self._private is not None:
             remove_private_data_dir(self._private)
