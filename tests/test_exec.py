@@ -113,9 +113,8 @@ def test_login_shell(http: httpx.Client, sandbox: str) -> None:
 
 
 def test_stdin_is_closed_by_default(http: httpx.Client, sandbox: str) -> None:
-    t0 = time.monotonic()
-    job = run(http, sandbox, command="cat")
-    assert time.monotonic() - t0 < 5
+    # With stdin left open, cat would wait for input until the timeout.
+    job = run(http, sandbox, command="cat", timeout_seconds=30)
     assert (job["exit_code"], job["stdout"], job["timed_out"]) == (0, "", False)
     assert run(http, sandbox, command="read x; echo rc=$?")["stdout"] == "rc=1\n"
 
@@ -150,7 +149,7 @@ def test_timeout_keeps_output_and_agent_survives(http: httpx.Client, sandbox: st
     job = run(http, sandbox, command="echo before; echo err-before >&2; sleep 30; echo after",
               timeout_seconds=1)
     elapsed = time.monotonic() - t0
-    assert elapsed < 5, elapsed
+    assert elapsed < 20, elapsed  # the timeout ended it, not the 30 s sleep
     assert job["exit_code"] == 124
     assert job["timed_out"] is True
     assert job["status"] == "failed"
@@ -203,7 +202,7 @@ def test_timeout_kills_the_whole_tree(http: httpx.Client, sandbox: str) -> None:
 def test_timeout_in_argv_mode(http: httpx.Client, sandbox: str) -> None:
     t0 = time.monotonic()
     job = run(http, sandbox, argv=["sleep", "30"], timeout_seconds=0.5)
-    assert time.monotonic() - t0 < 4
+    assert time.monotonic() - t0 < 20  # the timeout ended it, not the 30 s sleep
     assert (job["exit_code"], job["timed_out"]) == (124, True)
 
 
@@ -252,15 +251,14 @@ def test_binary_output_is_lossless(http: httpx.Client, sandbox: str) -> None:
 
 def test_concurrent_execs_in_one_sandbox(http: httpx.Client, sandbox: str) -> None:
     def one(i: int) -> dict:
-        return run(http, sandbox, command=f"sleep 1; echo {i}")
+        return run(http, sandbox, command=f"date +%s.%N; sleep 3; date +%s.%N; echo {i}")
 
-    t0 = time.monotonic()
     with ThreadPoolExecutor(5) as pool:
         jobs = list(pool.map(one, range(5)))
-    elapsed = time.monotonic() - t0
-    print(f"5 concurrent 'sleep 1' took {elapsed:.2f}s")
-    assert elapsed < 4, f"execs in one sandbox ran serially? {elapsed:.2f}s"
-    assert [j["stdout"] for j in jobs] == [f"{i}\n" for i in range(5)]
+    spans = [[float(x) for x in j["stdout"].split()[:2]] for j in jobs]
+    # All five were running at one moment: serial execs could not overlap, however fast.
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans
+    assert [j["stdout"].split()[2] for j in jobs] == [str(i) for i in range(5)]
     assert len({j["job_id"] for j in jobs}) == 5
 
 

@@ -92,7 +92,7 @@ def test_output_polling_by_offset(http: httpx.Client, sandbox: str) -> None:
         polls += 1
         if not out["running"]:
             break
-        assert polls < 200
+        assert polls < 600, "still running after a minute of polls"
         time.sleep(0.1)
     assert seen == b"".join(b"line%d\n" % i for i in range(1, 7))
     assert errs == b"".join(b"err%d\n" % i for i in range(1, 7))
