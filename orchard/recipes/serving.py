@@ -40,8 +40,6 @@ import argparse
 import codecs
 import random
 import threading
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +54,7 @@ from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from orchard.recipes.models import load_policy
-from orchard.rollout.teacher import error_body
+from orchard.rollout.openai_wire import envelope, error_body, usage
 from orchard.rollout.tokenizer import token_bytes
 from orchard.serving import ThreadedServer
 
@@ -273,10 +271,8 @@ class PolicyEngine:
         if req.return_token_ids:
             choice["prompt_token_ids"] = prompt
             choice["token_ids"] = gen.ids
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": self.model_name, "choices": [choice],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.ids),
-                          "total_tokens": len(prompt) + len(gen.ids)}}
+        return {**envelope("text_completion", self.model_name), "choices": [choice],
+                "usage": usage(len(prompt), len(gen.ids))}
 
     def _logprobs(self, gen: _Generation, shown: int, text_len: int) -> dict[str, Any]:
         tok = self.tokenizer

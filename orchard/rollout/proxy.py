@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from orchard.rollout.openai_wire import error_body
 from orchard.rollout.recorder import BadSession, SessionStore, check_session
 from orchard.rollout.render import ChatRenderer, RenderError, chat_stream
 from orchard.rollout.samples import samples_json
@@ -64,8 +65,7 @@ class ProxySettings(BaseModel):
 
 def _error_body(status: int, message: str) -> bytes:
     """OpenAI's error shape, so harnesses report proxy errors like upstream ones."""
-    return JSONResponse({"error": {"message": message, "type": "orchard_proxy_error",
-                                   "code": status}}).body
+    return JSONResponse(error_body(status, message, "orchard_proxy_error")).body
 
 
 def _error(status: int, message: str) -> Response:

@@ -29,7 +29,6 @@ import math
 import random
 import re
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,6 +42,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from transformers import PreTrainedTokenizerFast
 
+from orchard.rollout.openai_wire import envelope, error_body, sse, usage
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer, token_bytes
 from orchard.serving import ThreadedServer
 
@@ -162,18 +162,6 @@ class _Generation:
     finish_reason: str
     offsets: list[int] = field(default_factory=list)  # text length once each token is out
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
-
-
-def _error_type(status: int) -> str:
-    return {400: "invalid_request_error", 401: "authentication_error",
-            403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
-        status, "server_error" if status >= 500 else "invalid_request_error")
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """An OpenAI-style error body (vLLM also puts the status in `code`)."""
-    return {"error": {"message": message, "type": _error_type(status), "param": None,
-                      "code": status}}
 
 
 def _text_of(content: Any, where: str) -> str | None:
@@ -418,8 +406,7 @@ def _chat_logprob_entries(engine: _Engine, gen: _Generation, lo: int, hi: int) -
 
 
 def _usage(gen: _Generation) -> dict[str, int]:
-    return {"prompt_tokens": len(gen.prompt_ids), "completion_tokens": len(gen.ids),
-            "total_tokens": len(gen.prompt_ids) + len(gen.ids)}
+    return usage(len(gen.prompt_ids), len(gen.ids))
 
 
 def _chat_response(engine: _Engine, gen: _Generation, body: dict[str, Any],
@@ -433,9 +420,7 @@ def _chat_response(engine: _Engine, gen: _Generation, body: dict[str, Any],
                               "logprobs": None}
     if _wants_logprobs(body):
         choice["logprobs"] = {"content": _chat_logprob_entries(engine, gen, 0, len(gen.ids))}
-    out: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                           "created": int(time.time()), "model": model, "choices": [choice],
-                           "usage": _usage(gen)}
+    out = {**envelope("chat.completion", model), "choices": [choice], "usage": _usage(gen)}
     if body.get("return_token_ids"):
         out["prompt_token_ids"] = gen.prompt_ids
         choice["token_ids"] = gen.ids
@@ -452,8 +437,7 @@ def _chat_chunks(engine: _Engine, gen: _Generation, body: dict[str, Any],
     """One chunk per token, as vLLM streams: its text lands in `content` or in a tool call's
     `arguments`; a call's id and name come once its name is complete; markup tokens give an
     empty delta (but still their token id and log-prob)."""
-    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": model}
+    base = envelope("chat.completion.chunk", model)
     first: dict[str, Any] = {**base, "choices": [{"index": 0, "logprobs": None,
                                                   "delta": {"role": "assistant", "content": ""},
                                                   "finish_reason": None}]}
@@ -511,15 +495,12 @@ def _completion_response(engine: _Engine, gen: _Generation, body: dict[str, Any]
         # vLLM reports token ids per choice for completions (a request may batch prompts).
         choice["prompt_token_ids"] = gen.prompt_ids
         choice["token_ids"] = gen.ids
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": _usage(gen)}
+    return {**envelope("text_completion", model), "choices": [choice], "usage": _usage(gen)}
 
 
 def _completion_chunks(engine: _Engine, gen: _Generation, body: dict[str, Any],
                        model: str) -> Iterator[dict[str, Any]]:
-    base = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": model}
+    base = envelope("text_completion", model)
     prev = 0
     for j, end in enumerate(gen.offsets):
         last = j == len(gen.ids) - 1
@@ -535,12 +516,6 @@ def _completion_chunks(engine: _Engine, gen: _Generation, body: dict[str, Any],
         yield {**base, "choices": [choice]}
     if (body.get("stream_options") or {}).get("include_usage"):
         yield {**base, "choices": [], "usage": _usage(gen)}
-
-
-def _sse(chunks: Iterator[dict[str, Any]]) -> Iterator[str]:
-    for chunk in chunks:
-        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-    yield "data: [DONE]\n\n"
 
 
 # --- the app ------------------------------------------------------------------------------------
@@ -597,7 +572,7 @@ def create_teacher_app(policy: Policy, tokenizer: PreTrainedTokenizerFast,
         # The policy may be slow (a solver), so it runs off the event loop.
         gen = await run_in_threadpool(make, body)
         if body.get("stream"):
-            return StreamingResponse(_sse(stream(engine, gen, body, model_name)),
+            return StreamingResponse(sse(stream(engine, gen, body, model_name)),
                                      media_type="text/event-stream")
         return JSONResponse(respond(engine, gen, body, model_name))
 
