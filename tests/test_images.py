@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.backends.local import images
+from orchard.env.backends.local import image_unpack
 from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from tests.image_fixtures import (
     Layer,
@@ -179,7 +179,7 @@ def test_second_resolve_is_cached(
     def no_unpack(*args: object) -> None:
         raise AssertionError("layers were re-applied for a cached image")
 
-    monkeypatch.setattr(images, "_apply_layer", no_unpack)
+    monkeypatch.setattr(image_unpack, "_apply_layer", no_unpack)
     second = store.resolve(str(archive))
     assert second == first
     assert (second.rootfs / "sentinel").exists()  # type: ignore[operator]
@@ -191,13 +191,13 @@ def test_concurrent_threads_unpack_once(
 ) -> None:
     archive = make_oci_archive(busybox, tmp_path / "img.tar")
     calls: list[object] = []
-    real_apply = images._apply_layer
+    real_apply = image_unpack._apply_layer
 
     def counting_apply(*args: object) -> None:
         calls.append(args)
         real_apply(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(images, "_apply_layer", counting_apply)
+    monkeypatch.setattr(image_unpack, "_apply_layer", counting_apply)
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: store.resolve(str(archive)), range(8)))
     assert len({r.rootfs for r in results}) == 1

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchard.env.backends.local import images
+from orchard.env.backends.local import image_sources
 from orchard.env.backends.local.cgroups import CgroupManager
 from orchard.env.server import EmbeddedOrchestrator
 from tests.conftest import create_ready, needs_root, run, short_data_dir, wait_until
@@ -223,8 +223,8 @@ def test_pending_timeout(reaper: tuple[httpx.Client, Path], busybox: Path,
     """An image that never finishes unpacking (its cache lock is held) is reaped as pending."""
     http, d = reaper
     archive = make_docker_archive(busybox, tmp_path / "slow.tar", [{"etc/slow": b"1"}])
-    with images._TarSource(archive) as source:
-        algo, hexdigest = images._plan(source).digest.split(":", 1)
+    with image_sources.TarSource(archive) as source:
+        algo, hexdigest = image_sources.read_plan(source).digest.split(":", 1)
     cache = d / "local" / "images"
     cache.mkdir(parents=True, exist_ok=True)
     fd = os.open(cache / f"{algo}-{hexdigest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
