@@ -18,9 +18,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from orchard.tasks.bundled_data import bundled_dir
 from orchard.tasks.model import RepoSource, Task
 
-BUNDLED_DIR = Path(__file__).parent / "bundled"
 NAMED_SETS = ("bundled", "humaneval", "settings")
 # The reference pipeline's metadata names for Task fields.
 _ALIASES = {"image_url": "image"}
@@ -39,7 +39,7 @@ def load_tasks(source: str | Path | None = None, *, split: str | None = None,
     keeps those instance ids, in the set's order."""
     name = str(source) if source is not None else "bundled"
     if name == "bundled":
-        tasks = _load_task_dirs(BUNDLED_DIR)
+        tasks = _load_task_dirs(bundled_dir())
     elif name == "humaneval":
         from orchard.tasks.humaneval import humaneval_tasks
 
