@@ -20,6 +20,7 @@ import pytest
 
 from orchard import SandboxClient
 from orchard.env.backends.local.backend import cgroup_group
+from orchard.env.backends.local.userns import REGISTRY
 from orchard.env.datadir import DataDirInUse
 from orchard.env.server import EmbeddedOrchestrator
 from tests.conftest import create_ready, needs_root, run, short_data_dir, wait_until
@@ -27,6 +28,12 @@ from tests.test_lifecycle import _free_port, _start_server, force_remove, short_
 from tests.test_sdk_e2e import _processes_mentioning
 
 pytestmark = [needs_root, pytest.mark.root]
+
+
+def claims_under(path: str) -> list[str]:
+    """Uid-range claims (see orchard/env/backends/local/userns.py) held by sandboxes below
+    ``path``."""
+    return [c for c in (os.readlink(p) for p in REGISTRY.iterdir()) if c.startswith(path)]
 __all__ = ["short_tmp"]  # a fixture, used by name
 
 
@@ -112,9 +119,11 @@ def test_sigkilled_local_client_leaves_nothing_running(tmp_path: Path) -> None:
             for p in Path(g).read_text().split()], 15, 0.2), procs
     # The next local orchestrator removes the dead one's directory and cgroups.
     assert Path(private).is_dir()
+    assert claims_under(private)  # the check can fail: the dead sandboxes still hold theirs
     with SandboxClient.local() as client:
         client.health()
     assert not Path(private).exists()
+    assert claims_under(private) == []  # their uid ranges are free again
     assert glob.glob(f"/sys/fs/cgroup/*/{group}") == []
 
 

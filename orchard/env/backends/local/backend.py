@@ -466,12 +466,17 @@ def cgroup_group(data_dir: Path) -> str:
 
 
 def remove_leftovers(data_dir: Path) -> None:
-    """Kill whatever is left in a dead orchestrator's cgroups below ``data_dir``, remove them."""
+    """Kill whatever is left in a dead orchestrator's cgroups below ``data_dir``, remove them,
+    and give back its sandboxes' uid ranges (before their directories go, which say which)."""
     cgroups = CgroupManager(cgroup_group(data_dir))
     for sid in cgroups.list():
         with contextlib.suppress(CgroupError):
             cgroups.kill(sid)
     cgroups.remove_group()
+    ranges = UidRanges()
+    for sdir in (data_dir / "sandboxes").glob("*"):
+        if (uid := uid_of(sdir)) is not None:
+            ranges.release(sdir, uid)
 
 
 def _children(pid: int) -> list[int]:
