@@ -49,7 +49,7 @@ def utc_time(ts: float | None = None) -> datetime:
 
 
 class ExecJobs:
-    # What it uses of SandboxService, which sets these up (and `running`, `get_job`).
+    # What it uses of SandboxService, which sets these up (and `running`).
     store: StateStore
     settings: Settings
     metrics: Metrics
