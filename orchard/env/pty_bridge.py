@@ -23,21 +23,21 @@ from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
 
-from orchard.env.agent.client import AgentError, PtyChannel
+from orchard.env.agent.client import PtyChannel
 from orchard.env.auth import check_key, websocket_key
-from orchard.env.errors import BadRequest, ServiceError, from_agent
-from orchard.env.service import SandboxService
+from orchard.env.errors import BadRequest, ServiceError
+from orchard.env.sandbox_ops import SandboxOps
 
 INIT_TIMEOUT = 30.0  # how long a reference-framing client may take to send its init frame
 
 
-async def serve_pty(ws: WebSocket, service: SandboxService, sid: str) -> None:
+async def serve_pty(ws: WebSocket, ops: SandboxOps, sid: str) -> None:
     query = ws.query_params
     key, subprotocol = websocket_key(ws)
     reference = "command" not in query
     try:
-        check_key(service.settings.api_keys, key)
-        agent = await service.agent(sid)
+        check_key(ops.service.settings.api_keys, key)
+        await ops.service.agent(sid)  # refused before the handshake: no such sandbox, not up
     except ServiceError as e:
         return await _refuse(ws, e, subprotocol, reference)
     # Accept first: a close before accept is an HTTP 403 that loses code and reason.
@@ -45,17 +45,16 @@ async def serve_pty(ws: WebSocket, service: SandboxService, sid: str) -> None:
     try:
         if reference:
             init = await _init_frame(ws)
-            channel = await agent.open_pty(
-                _reference_argv(init), int(init.get("cols") or 80), int(init.get("rows") or 24),
-                env=init.get("env") or {}, cwd=init.get("cwd"))
+            channel = await ops.open_pty(
+                sid, _reference_argv(init), int(init.get("cols") or 80),
+                int(init.get("rows") or 24), env=init.get("env") or {}, cwd=init.get("cwd"))
         else:
             command = query["command"]
             argv = ["/bin/sh", "-c", f"exec {command}"] if " " in command else [command]
-            channel = await agent.open_pty(argv, int(query.get("cols", 80)),
-                                           int(query.get("rows", 24)))
-    except (ServiceError, AgentError, ValueError) as e:
-        err = from_agent(e, sid) if isinstance(e, AgentError) else e
-        return await _close_with(ws, str(err), reference)
+            channel = await ops.open_pty(sid, argv, int(query.get("cols", 80)),
+                                         int(query.get("rows", 24)))
+    except (ServiceError, ValueError) as e:
+        return await _close_with(ws, str(e), reference)
     except WebSocketDisconnect:
         return
     if reference:

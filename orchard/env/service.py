@@ -1,4 +1,5 @@
-"""The sandbox service: lifecycle, admission, exec jobs. Backend- and store-agnostic.
+"""The sandbox service: lifecycle, admission, reconcile (exec jobs: exec_jobs.py). Backend- and
+store-agnostic.
 
 State is reconciled from the backend (the source of truth) in a loop; a failed backend LIST
 skips the orphan pass, so a transient error never mass-deletes.
@@ -7,19 +8,16 @@ skips the orphan pass, so a transient error never mass-deletes.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import json
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any
 
-from orchard.env.agent.client import AgentClient, AgentError
+from orchard.env.agent.client import AgentClient
 from orchard.env.backends.base import (
     Backend,
     BackendError,
@@ -34,25 +32,21 @@ from orchard.env.errors import (
     NotFound,
     Overloaded,
     WaitTimedOut,
-    from_agent,
 )
 from orchard.env.events import EventLog
+from orchard.env.exec_jobs import ExecJobs, utc_time
 from orchard.env.metrics import Metrics
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.schema import (
     CreateSandboxRequest,
     EventKind,
     EventList,
-    ExecRequest,
-    Job,
-    JobAccepted,
     JobStatus,
     LimitReport,
-    ProcessInfo,
     SandboxInfo,
     SandboxStatus,
 )
-from orchard.env.state.base import LockLost, LockTimeout, StateStore
+from orchard.env.state.base import StateStore
 
 log = logging.getLogger("orchard.env")
 LIVE = (SandboxStatus.pending, SandboxStatus.running)
@@ -62,19 +56,11 @@ LIVE = (SandboxStatus.pending, SandboxStatus.running)
 PENDING_REQUEST_WAIT = 15.0
 
 
-def _exit_line(job: Job) -> bytes:
-    return json.dumps({"type": "exit", "job": job.model_dump(mode="json")}).encode() + b"\n"
-
-
-def _utc(ts: float | None = None) -> datetime:
-    return datetime.fromtimestamp(time.time() if ts is None else ts, UTC)
-
-
 def _became_ready(limits: dict[str, LimitReport]) -> Callable[[SandboxInfo], bool]:
     def change(rec: SandboxInfo) -> bool:
         if rec.status != SandboxStatus.pending:
             return False
-        rec.status, rec.ready_at, rec.limits = SandboxStatus.running, _utc(), limits
+        rec.status, rec.ready_at, rec.limits = SandboxStatus.running, utc_time(), limits
         return True
     return change
 
@@ -85,7 +71,7 @@ def replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class SandboxService:
+class SandboxService(ExecJobs):
     """Records live in the store, which several replicas may share: every decision re-reads
     the record, and every change goes through `_update` under the record's lock, so two
     replicas never overwrite each other's transitions (e.g. resurrect a deleted sandbox)."""
@@ -211,9 +197,9 @@ class SandboxService:
         rec = SandboxInfo(
             sandbox_id=sid, status=SandboxStatus.pending, image=req.image,
             block_network=req.block_network, cpu=req.cpu, memory=req.memory, pids=req.pids,
-            labels=req.labels, created_at=_utc(now),
-            ready_deadline=_utc(now + (req.timeout or self.settings.pending_timeout)),
-            expires_at=_utc(now + (req.ttl or self.settings.default_ttl)),
+            labels=req.labels, created_at=utc_time(now),
+            ready_deadline=utc_time(now + (req.timeout or self.settings.pending_timeout)),
+            expires_at=utc_time(now + (req.ttl or self.settings.default_ttl)),
             backend=self.backend.name, exclusive_exec=req.exclusive_exec, replica=self.replica,
             session=req.session, model_base_url=model_base_url,
             namespace=getattr(self.backend, "namespace", None), egress=req.egress,
@@ -333,7 +319,7 @@ class SandboxService:
         def change(rec: SandboxInfo) -> bool:
             if rec.status not in LIVE:
                 return False
-            rec.last_heartbeat = _utc()
+            rec.last_heartbeat = utc_time()
             return True
 
         rec = await self._update(sid, change)
@@ -398,7 +384,7 @@ class SandboxService:
         for job in await self.store.unfinished_jobs():
             if job.replica not in alive:
                 # Its result went to a replica that no longer exists: say so, don't hang.
-                job.status, job.completed_at = JobStatus.failed, _utc()
+                job.status, job.completed_at = JobStatus.failed, utc_time()
                 job.error = ("the orchestrator replica running this job stopped; its result "
                              "is lost (the command may have finished in the sandbox)")
                 await self.store.put_job(job)
@@ -478,179 +464,6 @@ class SandboxService:
             if not want:
                 break
         return EventList(events=events, next_after=seen)
-
-    @contextlib.asynccontextmanager
-    async def _exclusive(self, rec: SandboxInfo, wait: float) -> AsyncIterator[int | None]:
-        """For exclusive_exec sandboxes, the sandbox's exec lock and its fencing token (which
-        the agent checks, refusing a holder whose lock expired and was re-granted)."""
-        if not rec.exclusive_exec:
-            yield None
-            return
-        try:
-            async with self.store.lock(f"exec:{rec.sandbox_id}", ttl=30, timeout=wait) as fence:
-                yield fence
-        except LockTimeout:
-            raise Overloaded(f"sandbox {rec.sandbox_id} runs one exec at a time "
-                             f"(exclusive_exec) and stayed busy for {wait:.0f}s; retry later",
-                             5) from None
-        except LockLost:
-            log.warning("exec lock of %s expired while an exec held it", rec.sandbox_id)
-
-    @staticmethod
-    def _agent_request(req: ExecRequest) -> dict[str, Any]:
-        stdin = req.stdin_bytes()
-        return {
-            "command": req.command, "argv": req.argv, "login_shell": req.login_shell,
-            "cwd": req.cwd, "env": req.env, "timeout": req.timeout_seconds,
-            "max_output_bytes": req.max_output_bytes,
-            "stdin_b64": None if stdin is None else base64.b64encode(stdin).decode(),
-        }
-
-    def _new_job(self, sid: str, req: ExecRequest) -> Job:
-        command = req.command if req.command is not None else " ".join(req.argv or [])
-        return Job(job_id=f"job-{uuid.uuid4().hex[:16]}", sandbox_id=sid, command=command,
-                   argv=req.argv, status=JobStatus.running, created_at=_utc(),
-                   started_at=_utc(), replica=self.replica)
-
-    @staticmethod
-    def _finish(job: Job, result: dict[str, Any]) -> Job:
-        for key in ("stdout", "stderr", "stdout_b64", "stderr_b64", "stdout_dropped",
-                    "stderr_dropped", "exit_code", "timed_out"):
-            if key in result:
-                setattr(job, key, result[key])
-        job.started_at = _utc(result["started_at"])
-        job.completed_at = _utc(result["completed_at"])
-        job.status = JobStatus.succeeded if job.exit_code == 0 else JobStatus.failed
-        return job
-
-    async def _record_job(self, job: Job) -> None:
-        await self.store.put_job(job)
-        await self.store.publish(f"job:{job.job_id}")
-
-    @staticmethod
-    def _lock_wait(req: ExecRequest) -> float:
-        return min(req.timeout_seconds or 3600, 3600)
-
-    async def _run_job(self, rec: SandboxInfo, agent: AgentClient, job: Job,
-                       req: ExecRequest) -> Job:
-        t0, started = time.perf_counter(), time.time()
-        try:
-            async with self._exclusive(rec, self._lock_wait(req)) as fence:
-                result = await agent.exec(self._agent_request(req), fence)
-        except AgentError as e:
-            job.status, job.error, job.completed_at = JobStatus.failed, e.detail, _utc()
-            self.metrics.execs.labels("error").inc()
-            await self.events.exec(rec, req, job, started)
-            raise from_agent(e, job.sandbox_id) from None
-        finally:
-            self.metrics.exec_seconds.observe(time.perf_counter() - t0)
-        self.metrics.execs.labels("timeout" if result.get("timed_out") else "ok").inc()
-        self._finish(job, result)
-        await self.events.exec(rec, req, job, started)
-        return job
-
-    async def exec(self, sid: str, req: ExecRequest) -> Job | JobAccepted | ProcessInfo:
-        rec, agent = await self.running(sid)
-        if req.background:
-            try:
-                info = await agent.start_process(self._agent_request(req))
-            except AgentError as e:
-                raise from_agent(e, sid) from None
-            await self.events.record(
-                rec, EventKind.process, info["started_at"], process_id=info["process_id"],
-                command=req.command, argv=req.argv, cwd=req.cwd, env=req.env,
-                login_shell=req.login_shell)
-            return ProcessInfo(sandbox_id=sid, **{**info, "started_at": _utc(info["started_at"])})
-        job = self._new_job(sid, req)
-        if not req.wait:
-            await self.store.put_job(job)
-            self._spawn(self._settle(job, self._run_job(rec, agent, job, req)))
-            return JobAccepted(job_id=job.job_id, status=job.status)
-        run = asyncio.ensure_future(self._run_job(rec, agent, job, req))
-        try:
-            # The answer waits for the command up to its timeout plus a margin (a queue for
-            # the exclusive lock, a slow agent); past that the client polls the job.
-            done, _ = await asyncio.wait({run}, timeout=(req.timeout_seconds or 0)
-                                         + self.settings.exec_wait_margin)
-        except asyncio.CancelledError:  # the client hung up: the command runs on, recorded
-            self._spawn(self._settle(job, run))
-            raise
-        if not done:
-            await self.store.put_job(job)
-            self._spawn(self._settle(job, run))
-            return JobAccepted(job_id=job.job_id, status=job.status)
-        try:
-            run.result()
-        finally:
-            await self.store.put_job(job)
-        return job
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """A task that stop() waits for."""
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _settle(self, job: Job, run: Awaitable[Job]) -> None:
-        """Finish a job nobody waits for, and record how it ended."""
-        with contextlib.suppress(Exception):
-            await run
-        if job.status == JobStatus.running:  # e.g. Overloaded while queued for the lock
-            job.status, job.completed_at = JobStatus.failed, _utc()
-            job.error = job.error or "the job could not start; see the orchestrator's log"
-        await self._record_job(job)
-
-    async def exec_stream(self, sid: str, req: ExecRequest) -> AsyncIterator[bytes]:
-        rec, agent = await self.running(sid)
-        job = self._new_job(sid, req)
-
-        async def events() -> AsyncIterator[bytes]:
-            started, recorded = time.time(), False
-            try:
-                async with self._exclusive(rec, self._lock_wait(req)) as fence:
-                    async for event in agent.exec_stream(self._agent_request(req), fence):
-                        if event["type"] == "exit":
-                            self._finish(job, event["result"])
-                            await self.store.put_job(job)
-                            recorded = True
-                            await self.events.exec(rec, req, job, started)
-                            yield _exit_line(job)
-                        else:
-                            yield json.dumps(event).encode() + b"\n"
-            except (AgentError, Overloaded) as e:
-                job.status, job.error = JobStatus.failed, e.detail
-                await self.store.put_job(job)
-                recorded = True
-                await self.events.exec(rec, req, job, started)
-                yield _exit_line(job)
-            finally:
-                if not recorded:
-                    # The client hung up mid-stream; the command may have run on, changing
-                    # the sandbox: the trace must still show it was started. A task of its
-                    # own, since a closing generator cannot wait.
-                    job.error = "the client disconnected from the stream; the command may " \
-                                "have run on (its outcome is unknown)"
-                    self._spawn(self.events.exec(rec, req, job, started))
-
-        return events()
-
-    async def get_job(self, job_id: str) -> Job:
-        job = await self.store.get_job(job_id)
-        if job is None:
-            raise NotFound(f"no job {job_id!r}; jobs are kept {self.settings.retention:.0f}s")
-        return job
-
-    async def wait_job(self, job_id: str, timeout: float) -> Job:
-        deadline = time.monotonic() + timeout
-        async with self.store.subscribe(f"job:{job_id}") as changed:
-            job = await self.get_job(job_id)
-            while job.status in (JobStatus.queued, JobStatus.running):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                await changed.wait(left)
-                job = await self.get_job(job_id)
-        return job
 
 
 def model_env(base_url: str, session: str) -> dict[str, str]:

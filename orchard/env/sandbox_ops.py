@@ -1,0 +1,120 @@
+"""What the orchestrator asks of a running sandbox's agent besides exec: patches, files and
+background processes.
+
+With the service's exec, this is the only place that calls the agent. Each operation finds
+the sandbox, calls its agent, turns an agent failure into a service error the one way
+(``errors.from_agent``), and records the event of a change; routes only validate and shape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from orchard.env.agent.client import AgentError, PtyChannel
+from orchard.env.errors import TooLarge, from_agent
+from orchard.env.schema import EventKind, PatchRequest
+from orchard.env.service import SandboxService
+
+T = TypeVar("T")
+
+
+class SandboxOps:
+    """Agent operations on sandboxes of one service."""
+
+    def __init__(self, service: SandboxService) -> None:
+        self.service = service
+
+    async def _call(self, sid: str, awaitable: Awaitable[T]) -> T:
+        try:
+            return await awaitable
+        except AgentError as e:
+            raise from_agent(e, sid) from None
+
+    async def _change(self, sid: str, kind: EventKind,
+                      act: Callable[[Any], Awaitable[dict[str, Any]]],
+                      describe: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """A change to a running sandbox, and its event; ``describe`` gives the event's fields
+        from the agent's answer. A failed change records nothing: it raised."""
+        rec, agent = await self.service.running(sid)
+        started = time.time()
+        result = await self._call(sid, act(agent))
+        await self.service.events.record(rec, kind, started, **describe(result))
+        return result
+
+    # --- patches and files -------------------------------------------------------------------
+
+    async def patch(self, sid: str, req: PatchRequest) -> dict[str, Any]:
+        payload = {"patch": req.patch, "cwd": req.cwd, "timeout": req.timeout_seconds}
+        # Failed ones are recorded too: `git apply --reject` may have applied some hunks.
+        return await self._change(
+            sid, EventKind.patch, lambda agent: agent.patch(payload),
+            lambda r: {"patch": req.patch, "cwd": req.cwd, "timeout_seconds": req.timeout_seconds,
+                       "success": r.get("success"), "method": r.get("method"),
+                       "exit_code": r.get("exit_code")})
+
+    async def write_file(self, sid: str, path: str, data: bytes | AsyncIterator[bytes],
+                         mode: int | None,
+                         describe: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """``describe`` adds what only the caller knows of the content (a streamed body's
+        digest) to the event."""
+        return await self._change(sid, EventKind.file_write,
+                                  lambda agent: agent.put_file(path, data, mode),
+                                  lambda r: {"path": path, "mode": mode, **describe(r)})
+
+    async def open_file(self, sid: str, path: str, max_size: int | None = None
+                        ) -> httpx.Response:
+        """The agent's streaming answer for a file, the caller's to close; TooLarge when it is
+        over ``max_size``."""
+        r = await self._call(sid, (await self.service.agent(sid)).open_file(path))
+        size = int(r.headers.get("content-length", 0))
+        if max_size is not None and size > max_size:
+            await r.aclose()
+            raise TooLarge(f"{path} is {size} bytes, too big for base64 JSON; download it "
+                           f"with GET /sandboxes/{sid}/files/raw?path=...")
+        return r
+
+    async def list_files(self, sid: str, path: str) -> dict[str, Any]:
+        return await self._call(sid, (await self.service.agent(sid)).list_files(path))
+
+    async def mkdir(self, sid: str, path: str) -> dict[str, Any]:
+        return await self._change(sid, EventKind.mkdir, lambda agent: agent.mkdir(path),
+                                  lambda _: {"path": path})
+
+    async def remove(self, sid: str, path: str, recursive: bool) -> dict[str, Any]:
+        return await self._change(sid, EventKind.remove,
+                                  lambda agent: agent.remove(path, recursive),
+                                  lambda _: {"path": path, "recursive": recursive})
+
+    async def open_pty(self, sid: str, argv: list[str], cols: int, rows: int,
+                       env: dict[str, str] | None = None, cwd: str | None = None) -> PtyChannel:
+        agent = await self.service.agent(sid)
+        return await self._call(sid, agent.open_pty(argv, cols, rows, env=env or {}, cwd=cwd))
+
+    # --- background processes ----------------------------------------------------------------
+
+    async def processes(self, sid: str) -> list[dict[str, Any]]:
+        listing = await self._call(sid, (await self.service.agent(sid)).processes())
+        return [{**p, "sandbox_id": sid} for p in listing["processes"]]
+
+    async def process(self, sid: str, pid: str, method: str = "GET") -> dict[str, Any]:
+        agent = await self.service.agent(sid)
+        return {**await self._call(sid, agent.process(_segment(pid), method)),
+                "sandbox_id": sid}
+
+    async def process_output(self, sid: str, pid: str, stdout_offset: int,
+                             stderr_offset: int) -> dict[str, Any]:
+        agent = await self.service.agent(sid)
+        return await self._call(sid, agent.process_output(_segment(pid), stdout_offset,
+                                                          stderr_offset))
+
+
+def _segment(value: str) -> str:
+    """A client's id as one path segment of an agent request. The agent client puts paths into
+    its request line as they are: a raw space, '?' or CR/LF would smuggle in a query, headers
+    or a second request and leave the pooled connection out of step (seen by fuzzing)."""
+    return quote(value, safe="")
