@@ -4,10 +4,11 @@ A pytest plugin (conftest.py loads it) with one autouse session fixture. It snap
 when the session starts and, after every other fixture is torn down (the orchestrators
 stopped, their sandboxes deleted), fails the session if something new is still there.
 
-Other orchestrators may run on this host at the same time (other checkouts, other sessions),
-so what counts is only what appeared during this session: new cgroup groups of orchard, new
+What counts is only what appeared during this session: new cgroup groups of orchard, new
 temp dirs with our prefixes, new mounts and uid-range claims, new loop devices, and processes
-that live in, or name, one of those.
+that live in, or name, one of those. Things of other orchestrators that existed before are
+ignored, but another test session running on the same host at the same time is reported as
+this one's leak: run one session per host (CI does).
 """
 
 from __future__ import annotations
