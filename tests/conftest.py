@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -64,6 +65,13 @@ def run(http: httpx.Client, sid: str, **body: object) -> dict:
     r = http.post(f"/sandboxes/{sid}/exec", json=body)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:

@@ -46,15 +46,21 @@ class HostState:
                   if "orchard" in line or "/tmp/orc-" in line]
         claims = [f"{p.name} -> {os.readlink(p)}" for p in REGISTRY.iterdir()
                   if p.is_symlink()] if REGISTRY.is_dir() else []
-        loops = []
-        for path in glob.glob("/sys/block/loop*/loop/backing_file"):
-            try:
-                loops.append(Path(path).read_text().strip())
-            except OSError:  # detached while we looked
-                continue
         return cls(groups={g.rstrip("/") for g in groups},
                    temp_dirs={d for pattern in TEMP_GLOBS for d in glob.glob(pattern)},
-                   mounts=set(mounts), uid_claims=set(claims), loop_files=set(loops))
+                   mounts=set(mounts), uid_claims=set(claims),
+                   loop_files=set(loop_backing_files()))
+
+
+def loop_backing_files() -> list[str]:
+    """The backing files of this host's attached loop devices."""
+    found = []
+    for path in glob.glob("/sys/block/loop*/loop/backing_file"):
+        try:
+            found.append(Path(path).read_text().strip())
+        except OSError:  # detached while we looked
+            continue
+    return found
 
 
 def _processes(groups: set[str], dirs: set[str]) -> list[str]:

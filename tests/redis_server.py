@@ -15,13 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+
 _START_TIMEOUT_S = 20.0
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _answers_ping(port: int) -> bool:
@@ -38,7 +35,7 @@ def _start(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     and redis binding it, hence a few attempts."""
     log_path = workdir / "redis.log"
     for _ in range(5):
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [
                 binary,

@@ -13,12 +13,7 @@ import pytest
 
 from orchard.env.agent import server as agent_module
 from orchard.env.agent.client import AgentClient, AgentError, AgentUnreachable
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import free_port
 
 
 @pytest.fixture(params=["file", "env"])
@@ -27,7 +22,7 @@ def tcp_agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
     an environment variable."""
     token = "s3cret-token"
     (tmp_path / "token").write_text(token + "\n")
-    port = _free_port()
+    port = free_port()
     source = (["--token-file", str(tmp_path / "token")] if request.param == "file"
               else ["--token-env", "ORCHARD_AGENT_TOKEN"])
     proc = subprocess.Popen(
@@ -74,7 +69,7 @@ async def test_wrong_token_is_refused(tcp_agent: tuple[str, str]) -> None:
 
 
 async def test_unreachable_agent_says_so() -> None:
-    client = AgentClient(f"tcp:127.0.0.1:{_free_port()}")
+    client = AgentClient(f"tcp:127.0.0.1:{free_port()}")
     try:
         with pytest.raises(AgentUnreachable) as err:
             await client.health()

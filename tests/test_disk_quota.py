@@ -9,21 +9,14 @@ import httpx
 import pytest
 
 from tests.conftest import create_ready, dedicated_orchestrator, needs_root, run, wait_until
+from tests.leakcheck import loop_backing_files
 
 pytestmark = [needs_root, pytest.mark.root]
 
 
 def loop_files(under: Path) -> list[str]:
     """Backing files of this host's loop devices that lie under a directory."""
-    found = []
-    for path in glob.glob("/sys/block/loop*/loop/backing_file"):
-        try:
-            backing = Path(path).read_text().strip()
-        except OSError:  # detached while we looked
-            continue
-        if backing.startswith(str(under)):
-            found.append(backing)
-    return found
+    return [f for f in loop_backing_files() if f.startswith(str(under))]
 
 
 def test_writes_past_the_quota_fail_with_enospc(http: httpx.Client, data_dir: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,18 +19,13 @@ import httpx
 import pytest
 
 from orchard.extras import EXTRAS, MissingExtra, require
-from tests.conftest import create_ready, needs_root, run, wait_until
+from tests.conftest import create_ready, free_port, needs_root, run, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 # Never in an SDK-only install: the server side, the rollout layer, grading, training.
 HEAVY = ("fastapi", "uvicorn", "redis", "kubernetes_asyncio", "transformers", "torch",
          "datasets", "swebench", "minisweagent", "litellm", "matplotlib")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_without(modules: list[str], code: str) -> subprocess.CompletedProcess[str]:

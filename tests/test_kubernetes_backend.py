@@ -15,7 +15,6 @@ import contextlib
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,7 @@ from orchard.env.backends.kubernetes.calls import ApiCaller
 from orchard.env.backends.kubernetes.informer import NotSynced, PodInformer
 from orchard.env.backends.kubernetes.manifests import DENY_EGRESS, allow_egress_name
 from orchard.env.server import EmbeddedOrchestrator
-from tests.conftest import kube_settings, needs_root, run, wait_until
+from tests.conftest import free_port, kube_settings, needs_root, run, wait_until
 from tests.fakekube.apiserver import FakeApiServer
 from tests.fakekube.cluster import NAMESPACE as NS
 from tests.fakekube.cluster import FakeCluster
@@ -641,11 +640,6 @@ def test_ttl_expiry_deletes_the_pod(kube: httpx.Client, api: FakeApiServer) -> N
 
 # --- 8. restart -------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _serve(cluster: FakeCluster, ns: str, data: Path, port: int) -> subprocess.Popen[bytes]:
     """`orchard serve` on the kubernetes backend, configured by a YAML file, until killed."""
@@ -671,7 +665,7 @@ def _serve(cluster: FakeCluster, ns: str, data: Path, port: int) -> subprocess.P
 
 
 def test_restart_readopts_and_reaps_orphans(cluster: FakeCluster, api: FakeApiServer) -> None:
-    port, sid, orphan = _free_port(), None, "orphan-while-down"
+    port, sid, orphan = free_port(), None, "orphan-while-down"
     with namespace(api, "orchard-restart") as ns, short_dir() as data, \
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
         proc = _serve(cluster, ns, data, port)

@@ -8,7 +8,6 @@ import fcntl
 import glob
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pytest
 from orchard.env.backends.local import image_sources
 from orchard.env.backends.local.cgroups import CgroupManager
 from orchard.env.server import EmbeddedOrchestrator
-from tests.conftest import create_ready, needs_root, run, short_data_dir, wait_until
+from tests.conftest import create_ready, free_port, needs_root, run, short_data_dir, wait_until
 from tests.image_fixtures import make_busybox_rootfs, make_docker_archive
 
 pytestmark = [needs_root, pytest.mark.root]
@@ -294,11 +293,6 @@ def test_admission_limits(short_tmp: Path, data_dir: Path, orchestrator: str) ->
 # --- restart: SIGKILL the orchestrator, re-adopt recorded sandboxes, remove orphans ---------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _start_server(d: Path, port: int, log: Path, **settings: object) -> subprocess.Popen:
     """A standalone orchestrator (`serve`): unlike an embedded one, its sandboxes outlive it."""
@@ -323,7 +317,7 @@ def test_restart_readopts_and_removes_orphans(short_tmp: Path, tmp_path: Path, d
                                               orchestrator: str) -> None:
     d = short_tmp
     log = tmp_path / "serve.log"
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     keep, orphan = f"keep-{uuid.uuid4().hex[:8]}", f"orphan-{uuid.uuid4().hex[:8]}"
     proc = _start_server(d, port, log)

@@ -25,6 +25,7 @@ from orchard.serving import ThreadedServer
 from tests.conftest import (
     create_ready,
     dedicated_orchestrator,
+    free_port,
     kube_settings,
     needs_root,
     run,
@@ -41,7 +42,7 @@ from tests.test_kubernetes_backend import (
     on_server,
     short_dir,
 )
-from tests.test_lifecycle import _free_port, _start_server, force_remove, gone
+from tests.test_lifecycle import _start_server, force_remove, gone
 
 pytestmark = needs_root
 TOKENIZER = TEST_TOKENIZER
@@ -196,7 +197,7 @@ def test_relay_comes_back_after_an_orchestrator_restart(
         model_stack: tuple[str, str, Path]) -> None:
     """The host end of the relay lives in the orchestrator: one that was SIGKILLed and
     restarted re-opens it when it re-adopts the sandbox."""
-    port = _free_port()
+    port = free_port()
     url, sid = f"http://127.0.0.1:{port}", f"relay-{uuid.uuid4().hex[:8]}"
     with short_data_dir(data_dir) as d:
         proc = _start_server(d, port, tmp_path / "serve.log", model_proxy=model_stack[1])

@@ -15,7 +15,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import pytest
 import yaml
 
 from orchard.env.state.redis import RedisStore
-from tests.conftest import create_ready, kube_settings, needs_root, run, wait_until
+from tests.conftest import create_ready, free_port, kube_settings, needs_root, run, wait_until
 from tests.fakekube.cluster import NAMESPACE, FakeCluster
 
 ORCHARD = Path(sys.executable).with_name("orchard")
@@ -41,11 +40,6 @@ BEAT_TTL_S = 3 * RECONCILE_S + 2  # SandboxService.beat_ttl
 READY_S = 60.0
 FAILOVER_S = 60.0
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Replica:
@@ -62,7 +56,7 @@ class Replica:
         env = {k: v for k, v in os.environ.items()
                if k not in ("ORCHARD_STATE", "ORCHARD_API_KEYS", "ORCHARD_AGENT_SECRET")}
         for _ in range(3):  # the port may be taken between our probe and the server's bind
-            port = _free_port()
+            port = free_port()
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
                     [str(ORCHARD), "serve", "--config", str(self.config), "--port", str(port),

@@ -23,8 +23,8 @@ from orchard.env.backends.local.backend import cgroup_group
 from orchard.env.backends.local.userns import REGISTRY
 from orchard.env.datadir import DataDirInUse
 from orchard.env.server import EmbeddedOrchestrator
-from tests.conftest import create_ready, needs_root, run, short_data_dir, wait_until
-from tests.test_lifecycle import _free_port, _start_server, force_remove, short_tmp
+from tests.conftest import create_ready, free_port, needs_root, run, short_data_dir, wait_until
+from tests.test_lifecycle import _start_server, force_remove, short_tmp
 from tests.test_sdk_e2e import _processes_mentioning
 
 pytestmark = [needs_root, pytest.mark.root]
@@ -53,7 +53,7 @@ def test_a_second_orchestrator_on_the_same_data_dir_refuses_to_start(
         # `orchard serve` says the same and exits, before it touches anything.
         serve = subprocess.run(
             [sys.executable, "-m", "orchard", "serve", "--data-dir", str(short),
-             "--port", str(_free_port())], capture_output=True, text=True, timeout=60)
+             "--port", str(free_port())], capture_output=True, text=True, timeout=60)
         assert serve.returncode != 0
         assert f"data dir {short} is in use by another orchestrator (pid {os.getpid()}" \
             in serve.stderr, serve.stderr
@@ -145,7 +145,7 @@ def _zygotes(data_dir: Path) -> list[str]:
 def test_sigkilled_standalone_orchestrator_leaves_no_zygote(
         short_tmp: Path, tmp_path: Path, data_dir: Path, orchestrator: str) -> None:
     del data_dir, orchestrator  # only for the bundle
-    port = _free_port()
+    port = free_port()
     proc = _start_server(short_tmp, port, tmp_path / "serve.log")
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:

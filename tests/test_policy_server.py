@@ -4,7 +4,6 @@ and chat through the real recording proxy rendering prompts with the chat templa
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from orchard.rollout.proxy import ProxySettings, create_proxy_app
 from orchard.rollout.render import parse_tool_calls
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
+from tests.conftest import free_port
 
 MESSAGES = [{"role": "system", "content": "You are careful."},
             {"role": "user", "content": "What do the notes say?"}]
@@ -349,17 +349,12 @@ def test_a_saved_policy_loads_back_the_same(tok: PreTrainedTokenizerFast, model:
         load_policy(tmp_path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_the_command_line_serves_a_saved_folder(tok: PreTrainedTokenizerFast,
                                                 model: LlamaForCausalLM, prompt: list[int],
                                                 tmp_path: Path) -> None:
     folder = save_policy(model, tok, tmp_path / "policy")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(

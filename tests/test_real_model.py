@@ -26,7 +26,6 @@ torchcodec) and the GGUF saved once as a bf16 folder (docs/guides/recording-prox
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -42,7 +41,7 @@ from orchard.env.client import SandboxClient
 from orchard.rollout.proxy import ProxySettings, create_proxy_app
 from orchard.rollout.trace import collect_trace
 from orchard.serving import ThreadedServer
-from tests.conftest import needs_root
+from tests.conftest import free_port, needs_root
 
 PYTHON = os.environ.get("ORCHARD_TEST_LLAMA_PYTHON")
 VLLM_URL = os.environ.get("ORCHARD_TEST_VLLM_URL")
@@ -56,11 +55,6 @@ FIND_GGUF = ("import importlib.util, pathlib; spec = importlib.util.find_spec('l
              "print(next(pathlib.Path(spec.origin).parent.rglob('*.gguf')))")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def llama() -> Iterator[str]:
@@ -68,7 +62,7 @@ def llama() -> Iterator[str]:
     assert PYTHON
     gguf = subprocess.run([PYTHON, "-c", FIND_GGUF], capture_output=True, text=True, check=True
                           ).stdout.strip()
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import create_ready, dedicated_orchestrator, needs_root, wait_until
-from tests.redis_server import _answers_ping, _free_port
+from tests.conftest import create_ready, dedicated_orchestrator, free_port, needs_root, wait_until
+from tests.redis_server import _answers_ping
 
 
 @needs_root
 def test_redis_outage_gives_a_clear_503_and_recovers(data_dir: Path, orchestrator: str) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="/tmp/orc-redis-"))
-    port = _free_port()
+    port = free_port()
     argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
             "--save", "", "--appendonly", "no"]
     redis = subprocess.Popen(argv, stdout=subprocess.DEVNULL)

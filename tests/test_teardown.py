@@ -7,7 +7,6 @@ and that the session check itself catches a leak.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from orchard.env.backends.local.backend import cgroup_group
 from orchard.env.server import EmbeddedOrchestrator
 from tests.conftest import create_ready, needs_root, short_data_dir, wait_until
 from tests.leakcheck import HostState, leaks_since
@@ -34,10 +34,10 @@ def test_deleted_sandboxes_leave_nothing_while_the_orchestrator_runs(
         sids = [create_ready(http, body) for body in (
             {"image": "host"}, {"image": "host", "disk": "32Mi"},
             {"image": "host", "block_network": False})]
-        key = hashlib.sha256(str((short / "local").resolve()).encode()).hexdigest()[:12]
+        group = cgroup_group(short / "local")
         during = HostState.now()
         # The check can fail: each kind of thing a sandbox holds is there while it lives.
-        assert all(glob.glob(f"/sys/fs/cgroup/*/orchard/{key}/{sid}") for sid in sids)
+        assert all(glob.glob(f"/sys/fs/cgroup/*/{group}/{sid}") for sid in sids)
         assert during.uid_claims - before.uid_claims
         assert during.loop_files - before.loop_files
         for sid in sids:
@@ -50,20 +50,20 @@ def test_deleted_sandboxes_leave_nothing_while_the_orchestrator_runs(
         left = {kind: [i for i in items if str(short) in i]
                 for kind, items in leaks_since(before).items() if kind != "cgroup groups"}
         assert not any(left.values()), left
-        assert [p for g in glob.glob(f"/sys/fs/cgroup/*/orchard/{key}")
+        assert [p for g in glob.glob(f"/sys/fs/cgroup/*/{group}")
                 for p in os.scandir(g) if p.is_dir()] == []
 
 
 def test_a_stopped_orchestrator_leaves_no_cgroup_group(data_dir: Path, orchestrator: str) -> None:
     del orchestrator  # needed only for the bundle it built
     with short_data_dir(data_dir) as short:
-        key = hashlib.sha256(str((short / "local").resolve()).encode()).hexdigest()[:12]
+        group = cgroup_group(short / "local")
         with EmbeddedOrchestrator(data_dir=short) as url, \
                 httpx.Client(base_url=url, timeout=60) as http:
             sid = http.post("/sandboxes", json={"image": "host"}).json()["sandbox_id"]
             assert http.get(f"/sandboxes/{sid}/wait").status_code == 200
-            assert glob.glob(f"/sys/fs/cgroup/*/orchard/{key}/{sid}")  # the check can fail
-        assert glob.glob(f"/sys/fs/cgroup/*/orchard/{key}") == []
+            assert glob.glob(f"/sys/fs/cgroup/*/{group}/{sid}")  # the check can fail
+        assert glob.glob(f"/sys/fs/cgroup/*/{group}") == []
 
 
 def test_the_session_check_fails_a_session_that_leaks(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import httpx
 
@@ -103,18 +102,9 @@ class SandboxOps:
 
     async def process(self, sid: str, pid: str, method: str = "GET") -> dict[str, Any]:
         agent = await self.service.agent(sid)
-        return {**await self._call(sid, agent.process(_segment(pid), method)),
-                "sandbox_id": sid}
+        return {**await self._call(sid, agent.process(pid, method)), "sandbox_id": sid}
 
     async def process_output(self, sid: str, pid: str, stdout_offset: int,
                              stderr_offset: int) -> dict[str, Any]:
         agent = await self.service.agent(sid)
-        return await self._call(sid, agent.process_output(_segment(pid), stdout_offset,
-                                                          stderr_offset))
-
-
-def _segment(value: str) -> str:
-    """A client's id as one path segment of an agent request. The agent client puts paths into
-    its request line as they are: a raw space, '?' or CR/LF would smuggle in a query, headers
-    or a second request and leave the pooled connection out of step (seen by fuzzing)."""
-    return quote(value, safe="")
+        return await self._call(sid, agent.process_output(pid, stdout_offset, stderr_offset))

@@ -20,7 +20,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable
 from types import EllipsisType
 from typing import Any, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 _PTY_FRAME = struct.Struct(">BI")
 _CHUNK = 1 << 16
@@ -253,11 +253,11 @@ class AgentClient:
         return await self._call("GET", "/processes")
 
     async def process(self, pid: str, method: str = "GET") -> dict[str, Any]:
-        return await self._call(method, f"/processes/{pid}")
+        return await self._call(method, f"/processes/{_segment(pid)}")
 
     async def process_output(self, pid: str, stdout_offset: int, stderr_offset: int) -> Any:
         params = {"stdout_offset": stdout_offset, "stderr_offset": stderr_offset}
-        return await self._call("GET", f"/processes/{pid}/output", params=params)
+        return await self._call("GET", f"/processes/{_segment(pid)}/output", params=params)
 
     async def put_file(self, path: str, body: bytes | AsyncIterator[bytes],
                        mode: int | None = None) -> dict[str, Any]:
@@ -364,3 +364,10 @@ def _detail(body: bytes) -> str:
         return str(json.loads(body)["detail"])
     except (ValueError, KeyError, TypeError):
         return body.decode(errors="replace")[:2000] or "empty response"
+
+
+def _segment(value: str) -> str:
+    """A caller's id as one path segment. Paths go into the request line as they are: a raw
+    space, '?' or CR/LF would smuggle in a query, headers or a second request and leave the
+    pooled connection out of step (seen by fuzzing)."""
+    return quote(value, safe="")
