@@ -109,7 +109,9 @@ def _split_prefix(url: str) -> tuple[str, str]:
     if len(prefixes) > 1 or (prefixes and not prefixes[0]):
         raise ValueError(f"state URL {_redact(url)!r}: give at most one non-empty ?prefix=NAME")
     rest = urlencode([(k, v) for k, v in query if k != "prefix"])
-    return urlunsplit(parts._replace(query=rest)), prefixes[0] if prefixes else "orchard"
+    # Not urlunsplit: with no host it writes "unix:/path", which redis-py 8.2 refuses.
+    base = url.split("?", 1)[0]
+    return (f"{base}?{rest}" if rest else base), prefixes[0] if prefixes else "orchard"
 
 
 class RedisStore:
