@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.agent import server as agent_module
 from orchard.env.agent.client import AgentClient, AgentError, AgentUnreachable
+from orchard.env.agent.server import boot as agent_boot
 from tests.conftest import free_port
 
 
@@ -26,7 +26,7 @@ def tcp_agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
     source = (["--token-file", str(tmp_path / "token")] if request.param == "file"
               else ["--token-env", "ORCHARD_AGENT_TOKEN"])
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-B", agent_module.__file__, "--tcp", f"127.0.0.1:{port}",
+        [sys.executable, "-I", "-S", "-B", agent_boot.__file__, "--tcp", f"127.0.0.1:{port}",
          *source],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={"PATH": "/usr/bin:/bin",

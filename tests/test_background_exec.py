@@ -110,7 +110,7 @@ def test_a_command_that_closed_its_output_still_times_out(http: httpx.Client,
 def test_a_slow_stream_gets_everything_written_before_the_exit() -> None:
     """The agent's exec, in this process: a consumer slower than the command, with a process
     left holding the pipe. What sits in the pipe at the exit is read to the end."""
-    from orchard.env.agent import server as agent
+    from orchard.env.agent.server import execution as agent
 
     got = bytearray()
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-import orchard.env.agent
 from orchard.env.agent import bundle as bundle_mod
 from orchard.env.agent.bundle import (
     BUNDLE_MOUNT,
@@ -69,8 +68,8 @@ print(json.dumps({
 
 @pytest.fixture(scope="session")
 def agent_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = tmp_path_factory.mktemp("agent") / "server.py"
-    src.write_text(AGENT_SOURCE)
+    src = tmp_path_factory.mktemp("agent")
+    (src / "boot.py").write_text(AGENT_SOURCE)
     return src
 
 
@@ -82,7 +81,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def bundle(cache_dir: Path, agent_src: Path) -> Path:
     t0 = time.perf_counter()
-    path = ensure_bundle(cache_dir, [agent_src])
+    path = ensure_bundle(cache_dir, agent_src)
     elapsed = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
     print(f"\n[bundle] built in {elapsed:.2f}s, {size / 2**20:.1f} MiB at {path}")
@@ -152,33 +151,33 @@ def test_agent_command() -> None:
         "-I",
         "-S",
         "-B",
-        "/.orchard/bundle/agent/orchard_agent.py",
+        "/.orchard/bundle/agent/orchard_agent/boot.py",
     ]
     assert agent_command("/x")[0] == "/x/bin/python3"
 
 
 def test_default_agent_source_location() -> None:
-    default = Path(orchard.env.agent.__file__).resolve().parent / "server.py"
-    assert (default,) == bundle_mod.DEFAULT_AGENT_SOURCES
-    if default.is_file():
-        assert bundle_key() == bundle_key([default])
-    else:
-        with pytest.raises(BundleError, match="not found"):
-            bundle_key()
+    default = Path(bundle_mod.__file__).resolve().parent / "server"
+    assert default == bundle_mod.DEFAULT_AGENT_DIR
+    assert (default / "boot.py").is_file()
+    assert bundle_key() == bundle_key(default)
 
 
 def test_key_tracks_agent_sources(tmp_path: Path, agent_src: Path) -> None:
-    other = tmp_path / "server.py"
-    other.write_text(AGENT_SOURCE + "# changed\n")
-    assert bundle_key([agent_src]) == bundle_key([agent_src])
-    assert bundle_key([agent_src]) != bundle_key([other])
-    with pytest.raises(BundleError):
-        ensure_bundle(tmp_path / "cache", [tmp_path / "missing.py"])
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "boot.py").write_text(AGENT_SOURCE + "# changed\n")
+    assert bundle_key(agent_src) == bundle_key(agent_src)
+    assert bundle_key(agent_src) != bundle_key(other)
+    (other / "extra.py").write_text("")
+    assert bundle_key(other) != bundle_key(agent_src)
+    with pytest.raises(BundleError, match="not found"):
+        ensure_bundle(tmp_path / "cache", tmp_path / "missing")
 
 
 def test_layout(bundle: Path) -> None:
     pylib = bundle / "lib" / "python3.11"
-    assert (bundle / "agent" / "orchard_agent.py").read_text() == AGENT_SOURCE
+    assert (bundle / "agent" / "orchard_agent" / "boot.py").read_text() == AGENT_SOURCE
     assert (bundle / "lib" / "ld-linux-x86-64.so.2").is_file()
     for pruned in ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"):
         assert not (pylib / pruned).exists(), pruned
@@ -199,7 +198,7 @@ def test_cached_is_reused(bundle: Path, cache_dir: Path, agent_src: Path) -> Non
     """A second call finds the built bundle instead of building it again."""
     built = bundle.stat()
     entries = sorted(p.name for p in cache_dir.iterdir())
-    again = ensure_bundle(cache_dir, [agent_src])
+    again = ensure_bundle(cache_dir, agent_src)
     assert again == bundle
     assert (bundle.stat().st_ino, bundle.stat().st_mtime_ns) == (built.st_ino, built.st_mtime_ns)
     assert sorted(p.name for p in cache_dir.iterdir()) == entries  # no build dir came and went
@@ -222,7 +221,7 @@ def test_concurrent_threads_build_once(
 
     def worker() -> None:
         barrier.wait()
-        results.append(ensure_bundle(cache, [agent_src]))
+        results.append(ensure_bundle(cache, agent_src))
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for t in threads:
@@ -231,7 +230,7 @@ def test_concurrent_threads_build_once(
         t.join()
     assert len(builds) == 1
     assert len(results) == 4 and len(set(results)) == 1
-    assert results[0] == cache / bundle_key([agent_src])
+    assert results[0] == cache / bundle_key(agent_src)
     assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == [
         results[0].name
     ]
@@ -247,8 +246,8 @@ def test_failed_build_leaves_nothing(
     monkeypatch.setattr(bundle_mod, "_build", failing_build)
     cache = tmp_path / "cache"
     with pytest.raises(BundleError, match="boom"):
-        ensure_bundle(cache, [agent_src])
-    assert [p.name for p in cache.iterdir()] == [f".{bundle_key([agent_src])}.lock"]
+        ensure_bundle(cache, agent_src)
+    assert [p.name for p in cache.iterdir()] == [f".{bundle_key(agent_src)}.lock"]
 
 
 @needs_sandbox
@@ -273,7 +272,7 @@ def test_runs_in_libc_free_rootfs(rootfs: Path, bundle: Path) -> None:
 def test_agent_entry_point(rootfs: Path, bundle: Path) -> None:
     proc = _sandbox(rootfs, bundle, agent_command())
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"agent up {BUNDLE_MOUNT}/agent/orchard_agent.py {BUNDLE_MOUNT}\n"
+    assert proc.stdout == f"agent up {BUNDLE_MOUNT}/agent/orchard_agent/boot.py {BUNDLE_MOUNT}\n"
 
 
 @needs_sandbox

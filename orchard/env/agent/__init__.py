@@ -1,4 +1,4 @@
-"""The in-sandbox agent (``server``, standard library only) and the orchestrator's client."""
+"""The in-sandbox agent (``server``, stdlib only), its bundle, and the orchestrator's client."""
 
 from orchard.env.agent.client import AgentClient, AgentError, AgentUnreachable
 

@@ -10,7 +10,7 @@ Layout (relative to the bundle root, which is ``BUNDLE_MOUNT`` inside the sandbo
     bin/python3                   PT_INTERP -> BUNDLE_MOUNT/lib/<loader>, RPATH $ORIGIN/../lib
     lib/<loader>, lib/lib*.so*    loader + closure of the binary and of every extension module
     lib/python3.X/                stdlib with __pycache__/*.pyc, plus lib-dynload/
-    agent/orchard_agent.py        the agent entry point (further agent sources beside it)
+    agent/orchard_agent/          the agent package (orchard.env.agent.server); boot.py starts it
 
 The loader path must be absolute (the kernel does not expand ``$ORIGIN`` in PT_INTERP), which is
 why the bundle only works when mounted at ``BUNDLE_MOUNT``; it cannot run on the host.
@@ -44,10 +44,9 @@ BUNDLE_MOUNT: str = "/.orchard/bundle"
 # Bump whenever the layout or build recipe changes so that stale cached bundles are not reused.
 BUNDLE_FORMAT = 1
 
-AGENT_ENTRY = "orchard_agent.py"
-DEFAULT_AGENT_SOURCES: tuple[Path, ...] = (
-    Path(__file__).resolve().parent / "server.py",
-)
+AGENT_PACKAGE = "orchard_agent"
+AGENT_ENTRY = "boot.py"
+DEFAULT_AGENT_DIR: Path = Path(__file__).resolve().parent / "server"
 
 _PY_DIR = f"python{sys.version_info.major}.{sys.version_info.minor}"
 # Directory names dropped at any depth: test suites (also nested ones such as unittest/test) and
@@ -79,12 +78,13 @@ def agent_command(bundle_mount: str = BUNDLE_MOUNT) -> list[str]:
     """argv that starts the agent inside a sandbox that has the bundle mounted at bundle_mount."""
     # -I ignores PYTHON* variables from the image's environment, -S skips site (no site-packages
     # in the bundle), -B because the mount is read-only and every pyc is prebuilt.
-    return [f"{bundle_mount}/bin/python3", "-I", "-S", "-B", f"{bundle_mount}/agent/{AGENT_ENTRY}"]
+    entry = f"{bundle_mount}/agent/{AGENT_PACKAGE}/{AGENT_ENTRY}"
+    return [f"{bundle_mount}/bin/python3", "-I", "-S", "-B", entry]
 
 
-def bundle_key(agent_sources: Sequence[Path] | None = None) -> str:
-    """Content key of the bundle that ensure_bundle would build for these agent sources."""
-    sources = _agent_sources(agent_sources)
+def bundle_key(agent_dir: Path | None = None) -> str:
+    """Content key of the bundle that ensure_bundle would build for this agent package."""
+    sources = _agent_sources(agent_dir)
     exe = Path(sys.executable).resolve()
     st = exe.stat()
     h = hashlib.sha256()
@@ -92,21 +92,21 @@ def bundle_key(agent_sources: Sequence[Path] | None = None) -> str:
         h.update(part.encode() + b"\0")
     h.update(str(st.st_mtime_ns).encode() + b"\0")
     for src in sources:
-        # The name matters too: it decides the file name inside agent/.
+        # The name matters too: it is the module's name inside the package.
         h.update(src.name.encode() + b"\0")
         h.update(hashlib.sha256(src.read_bytes()).digest())
     return h.hexdigest()
 
 
-def ensure_bundle(cache_dir: Path, agent_sources: Sequence[Path] | None = None) -> Path:
+def ensure_bundle(cache_dir: Path, agent_dir: Path | None = None) -> Path:
     """Return cache_dir/<bundle_key>, building it first if needed.
 
     Safe to call concurrently from threads and processes: one caller builds while the others
     wait on a per-key flock, and the bundle appears atomically via rename, so a directory named
     by its key is always complete.
     """
-    sources = _agent_sources(agent_sources)
-    key = bundle_key(sources)
+    sources = _agent_sources(agent_dir)
+    key = bundle_key(agent_dir)
     final = cache_dir / key
     if final.is_dir():
         return final
@@ -127,17 +127,11 @@ def ensure_bundle(cache_dir: Path, agent_sources: Sequence[Path] | None = None) 
     return final
 
 
-def _agent_sources(agent_sources: Sequence[Path] | None) -> list[Path]:
-    sources = [Path(p) for p in (DEFAULT_AGENT_SOURCES if agent_sources is None else agent_sources)]
-    if not sources:
-        raise BundleError("at least one agent source (the entry point) is required")
-    missing = [str(p) for p in sources if not p.is_file()]
-    if missing:
-        raise BundleError(f"agent sources not found: {', '.join(missing)}")
-    names = [AGENT_ENTRY, *(p.name for p in sources[1:])]
-    if len(set(names)) != len(names):
-        raise BundleError(f"agent sources collide inside agent/: {names}")
-    return sources
+def _agent_sources(agent_dir: Path | None) -> list[Path]:
+    directory = Path(DEFAULT_AGENT_DIR if agent_dir is None else agent_dir)
+    if not (directory / AGENT_ENTRY).is_file():
+        raise BundleError(f"agent package not found: {directory} has no {AGENT_ENTRY}")
+    return sorted(directory.glob("*.py"))
 
 
 def _build(root: Path, sources: Sequence[Path]) -> None:
@@ -160,7 +154,8 @@ def _build(root: Path, sources: Sequence[Path]) -> None:
     # which is what makes sys.prefix come out as the mount point without PYTHONHOME.
     pylib = root / sys.platlibdir / _PY_DIR
     bindir = root / "bin"
-    for d in (lib, pylib, bindir, root / "agent"):
+    package = root / "agent" / AGENT_PACKAGE
+    for d in (lib, pylib, bindir, package):
         d.mkdir(parents=True, exist_ok=True)
 
     shutil.copytree(stdlib, pylib, ignore=_ignore_stdlib, dirs_exist_ok=True)
@@ -218,8 +213,8 @@ def _build(root: Path, sources: Sequence[Path]) -> None:
     if needs_path:
         _run([patchelf, "--force-rpath", "--set-rpath", "$ORIGIN", *needs_path])
 
-    for i, src in enumerate(sources):
-        shutil.copy2(src, root / "agent" / (AGENT_ENTRY if i == 0 else src.name))
+    for src in sources:
+        shutil.copy2(src, package / src.name)
     _compile(root)
     _normalise_modes(root)
 

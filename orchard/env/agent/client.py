@@ -1,4 +1,4 @@
-"""The orchestrator's side of the agent protocol (see ``agent/server.py``), over Unix or TCP.
+"""The orchestrator's side of the agent protocol (see ``agent/server/``), over Unix or TCP.
 
 A deliberately small HTTP/1.1 client over asyncio streams with a keep-alive pool per sandbox:
 both ends of this protocol are ours, and on the exec hot path httpx cost ten times the CPU

@@ -48,10 +48,11 @@ PRELOADED = (fcntl, pty, termios, traceback)
 
 # Loaded by path, not as orchard.env.agent.server: the orchard package pulls in the SDK and
 # its dependencies, which every agent would then carry.
-AGENT_SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "agent", "server.py")
-_spec = importlib.util.spec_from_file_location("orchard_agent", AGENT_SOURCE)
-agent = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(agent)
+AGENT_BOOT = os.path.join(os.path.dirname(__file__), "..", "..", "agent", "server", "boot.py")
+_spec = importlib.util.spec_from_file_location("orchard_agent_boot", AGENT_BOOT)
+_boot = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_boot)
+agent = _boot.load()
 
 # The user namespace comes last: as host root we may join any namespace, including one
 # the host owns (a network namespace prepared for the sandbox), which we could not once in the
