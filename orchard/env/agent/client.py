@@ -22,6 +22,22 @@ from types import EllipsisType
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
+from orchard.env.agent.server.protocol import (
+    DirListing,
+    ExecEvent,
+    ExecRequest,
+    ExecResult,
+    FileWritten,
+    Health,
+    PatchRequest,
+    PatchResult,
+    PathResult,
+    ProcessInfo,
+    ProcessList,
+    ProcessOutput,
+    ProcessRequest,
+)
+
 _PTY_FRAME = struct.Struct(">BI")
 _CHUNK = 1 << 16
 _MAX_IDLE = 8
@@ -221,20 +237,20 @@ class AgentClient:
             raise AgentError(r.status_code, _detail(body))
         return json.loads(body)
 
-    async def health(self, timeout: float = 5.0) -> dict[str, Any]:
+    async def health(self, timeout: float = 5.0) -> Health:
         return await asyncio.wait_for(self._call("GET", "/health"), timeout)
 
-    def _exec_deadline(self, req: dict[str, Any]) -> float | None:
+    def _exec_deadline(self, req: ExecRequest) -> float | None:
         """The agent answers an exec when the command ends, by its timeout at the latest."""
         return None if not req.get("timeout") else float(req["timeout"]) + self.timeout
 
-    async def exec(self, req: dict[str, Any], fence: int | None = None) -> dict[str, Any]:
+    async def exec(self, req: ExecRequest, fence: int | None = None) -> ExecResult:
         """Run a command; fence is an exclusive-exec lock's token, which the agent checks."""
         return await self._call("POST", "/exec", json_body=req, extra_headers=_fence(fence),
                                 deadline=self._exec_deadline(req))
 
-    async def exec_stream(self, req: dict[str, Any],
-                          fence: int | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def exec_stream(self, req: ExecRequest,
+                          fence: int | None = None) -> AsyncIterator[ExecEvent]:
         r = await self.request("POST", "/exec", json_body={**req, "stream": True},
                                extra_headers=_fence(fence), deadline=self._exec_deadline(req))
         if r.status_code >= 400:
@@ -246,21 +262,22 @@ class AgentClient:
         finally:
             await r.aclose()
 
-    async def start_process(self, req: dict[str, Any]) -> dict[str, Any]:
+    async def start_process(self, req: ProcessRequest) -> ProcessInfo:
         return await self._call("POST", "/processes", json_body=req)
 
-    async def processes(self) -> dict[str, Any]:
+    async def processes(self) -> ProcessList:
         return await self._call("GET", "/processes")
 
-    async def process(self, pid: str, method: str = "GET") -> dict[str, Any]:
+    async def process(self, pid: str, method: str = "GET") -> ProcessInfo:
         return await self._call(method, f"/processes/{_segment(pid)}")
 
-    async def process_output(self, pid: str, stdout_offset: int, stderr_offset: int) -> Any:
+    async def process_output(self, pid: str, stdout_offset: int,
+                             stderr_offset: int) -> ProcessOutput:
         params = {"stdout_offset": stdout_offset, "stderr_offset": stderr_offset}
         return await self._call("GET", f"/processes/{_segment(pid)}/output", params=params)
 
     async def put_file(self, path: str, body: bytes | AsyncIterator[bytes],
-                       mode: int | None = None) -> dict[str, Any]:
+                       mode: int | None = None) -> FileWritten:
         params: dict[str, Any] = {"path": path}
         if mode is not None:
             params["mode"] = mode
@@ -273,17 +290,17 @@ class AgentClient:
             raise AgentError(r.status_code, _detail(await r.aread()))
         return r
 
-    async def list_files(self, path: str) -> dict[str, Any]:
+    async def list_files(self, path: str) -> DirListing:
         return await self._call("GET", "/files/list", params={"path": path})
 
-    async def mkdir(self, path: str) -> dict[str, Any]:
+    async def mkdir(self, path: str) -> PathResult:
         return await self._call("POST", "/files/mkdir", params={"path": path})
 
-    async def remove(self, path: str, recursive: bool) -> dict[str, Any]:
+    async def remove(self, path: str, recursive: bool) -> PathResult:
         params = {"path": path, "recursive": "true" if recursive else "false"}
         return await self._call("DELETE", "/files", params=params)
 
-    async def patch(self, req: dict[str, Any]) -> dict[str, Any]:
+    async def patch(self, req: PatchRequest) -> PatchResult:
         return await self._call("POST", "/patch", json_body=req)
 
     async def open_pty(self, argv: list[str], cols: int, rows: int,

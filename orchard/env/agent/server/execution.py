@@ -1,5 +1,7 @@
 """Commands: one-shot execs (optionally streamed) and background processes."""
 
+from __future__ import annotations
+
 import base64
 import os
 import selectors
@@ -7,6 +9,13 @@ import threading
 
 from .common import CHUNK, EXIT_GRACE, PIPE_MAX, PROCESS_BUFFER, next_id, now, text_or_b64
 from .processes import command_argv, kill_tree, spawn, wait_exit
+
+# Only type checkers import these: importing typing would cost every sandbox heap.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .protocol import ExecRequest, ExecResult, ProcessInfo, ProcessOutput, ProcessRequest
 
 
 class Capped:
@@ -38,7 +47,9 @@ class Capped:
         return bytes(self.head + self.tail)
 
 
-def run_exec(req, emit=None):
+def run_exec(
+    req: ExecRequest, emit: Callable[[str, bytes], None] | None = None
+) -> ExecResult:
     """Run one command to completion (or timeout); ``emit(kind, bytes)`` streams output."""
     exec_id = next_id("x")
     limit = int(req.get("max_output_bytes", 10 << 20))
@@ -185,7 +196,7 @@ DRAINER = _Drainer()
 class BackgroundProcess:
     """A long-lived process with rolling output buffers that clients read by offset."""
 
-    def __init__(self, req):
+    def __init__(self, req: ProcessRequest) -> None:
         self.id = next_id("p")
         self.command = req.get("command") or " ".join(req.get("argv") or ())
         self.argv = command_argv(req)
@@ -228,12 +239,12 @@ class BackgroundProcess:
         self.proc.stdout.close()
         self.proc.stderr.close()
 
-    def info(self):
+    def info(self) -> ProcessInfo:
         return {"process_id": self.id, "command": self.command, "pid": self.proc.pid,
                 "running": self.exit_code is None, "exit_code": self.exit_code,
                 "started_at": self.started_at}
 
-    def output(self, offsets):
+    def output(self, offsets: dict[str, int]) -> ProcessOutput:
         out = {"process_id": self.id, "running": self.exit_code is None,
                "exit_code": self.exit_code}
         with self.lock:
@@ -245,7 +256,7 @@ class BackgroundProcess:
                 out[name + "_dropped"] = start - offsets.get(name, 0)
         return out
 
-    def kill(self):
+    def kill(self) -> None:
         kill_tree(self.proc.pid, self.id)
 
 

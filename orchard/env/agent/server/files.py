@@ -1,12 +1,20 @@
 """Files and patches: upload, download, list, remove, and applying a diff."""
 
+from __future__ import annotations
+
 import os
 
 from .common import DRAIN_LIMIT, WORKDIR, HTTPError, next_id, resolve
 from .execution import run_exec
 
+# Only type checkers import these: importing typing would cost every sandbox heap.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .connection import Conn
+    from .protocol import DirListing, FileWritten, PatchRequest, PatchResult
 
-def list_dir(path):
+
+def list_dir(path: str) -> DirListing:
     try:
         names = sorted(os.listdir(path))
     except FileNotFoundError:
@@ -37,7 +45,7 @@ def _S_ISLNK(m):
     return m & 0o170000 == 0o120000
 
 
-def remove_path(path, recursive):
+def remove_path(path: str, recursive: bool) -> None:
     if path == "/":
         raise HTTPError(400, "refusing to remove '/'")
     try:
@@ -65,7 +73,7 @@ def remove_path(path, recursive):
     os.rmdir(path)
 
 
-def apply_patch(req):
+def apply_patch(req: PatchRequest) -> PatchResult:
     cwd = req.get("cwd") or WORKDIR
     if not os.path.isdir(cwd):
         raise HTTPError(400, f"cwd {cwd!r} is not a directory in the sandbox")
@@ -131,7 +139,7 @@ def _run_patch(patch_path, cwd, timeout):
     return r
 
 
-def write_file(c, query, headers):
+def write_file(c: Conn, query: dict[str, str], headers: dict[str, str]) -> FileWritten:
     target = resolve(query.get("path"))
     if os.path.isdir(target):
         raise HTTPError(400, f"{target} is a directory; give a file path")
@@ -157,7 +165,7 @@ def write_file(c, query, headers):
     return {"path": target, "size": size}
 
 
-def send_file(c, target):
+def send_file(c: Conn, target: str) -> None:
     try:
         # O_NONBLOCK: opening a FIFO must not hang the connection waiting for a writer.
         fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)

@@ -1,0 +1,134 @@
+"""The agent's wire protocol: JSON bodies of its endpoints, shared with ``agent.client``.
+
+Standard library only, like the rest of the agent. The agent's modules import this file only
+for type checkers (``typing`` is a heap cost every sandbox would pay); the client imports it.
+"""
+
+from typing import NotRequired, TypedDict
+
+
+class Health(TypedDict):
+    """GET /health. An unauthenticated probe of a token-protected agent gets ``status`` only."""
+
+    status: str
+    pid: NotRequired[int]
+    processes: NotRequired[int]
+
+
+class ProcessRequest(TypedDict, total=False):
+    """POST /processes. ``command`` (run by the shell) wins over ``argv``."""
+
+    argv: list[str]
+    command: str
+    login_shell: bool
+    cwd: str
+    env: dict[str, str]
+
+
+class ExecRequest(ProcessRequest, total=False):
+    """POST /exec."""
+
+    stdin_b64: str | None
+    timeout: float | None
+    max_output_bytes: int
+    stream: bool
+
+
+class ExecResult(TypedDict):
+    """POST /exec's answer. Output that is not UTF-8 comes as ``*_b64`` with ``""`` beside it."""
+
+    exit_code: int
+    timed_out: bool
+    started_at: float
+    completed_at: float
+    stdout: str
+    stderr: str
+    stdout_b64: NotRequired[str]
+    stderr_b64: NotRequired[str]
+    stdout_dropped: int
+    stderr_dropped: int
+
+
+class ExecEvent(TypedDict):
+    """One NDJSON line of a streamed exec: output (``data_b64``), then one ``exit``."""
+
+    type: str
+    data_b64: NotRequired[str]
+    result: NotRequired[ExecResult]
+
+
+class ProcessInfo(TypedDict):
+    """A background process: POST /processes, GET and DELETE /processes/ID."""
+
+    process_id: str
+    command: str
+    pid: int
+    running: bool
+    exit_code: int | None
+    started_at: float
+
+
+class ProcessList(TypedDict):
+    """GET /processes."""
+
+    processes: list[ProcessInfo]
+
+
+class ProcessOutput(TypedDict):
+    """GET /processes/ID/output: what followed the offsets asked for, and where to go on from."""
+
+    process_id: str
+    running: bool
+    exit_code: int | None
+    stdout_b64: str
+    stdout_offset: int
+    stdout_dropped: int
+    stderr_b64: str
+    stderr_offset: int
+    stderr_dropped: int
+
+
+class FileEntry(TypedDict):
+    name: str
+    type: str  # directory, file, symlink or other
+    size: int
+    modified: float
+
+
+class DirListing(TypedDict):
+    """GET /files/list."""
+
+    path: str
+    files: list[FileEntry]
+
+
+class FileWritten(TypedDict):
+    """PUT /files."""
+
+    path: str
+    size: int
+
+
+class PathResult(TypedDict):
+    """POST /files/mkdir and DELETE /files: the absolute path acted on."""
+
+    path: str
+
+
+class PatchRequest(TypedDict):
+    """POST /patch."""
+
+    patch: str
+    cwd: NotRequired[str]
+    timeout: NotRequired[float]
+
+
+class PatchResult(TypedDict):
+    """POST /patch's answer; ``attempts`` says why each method tried before failed."""
+
+    success: bool
+    method: str | None
+    stdout: str
+    stderr: str
+    exit_code: int
+    attempts: list[str]
