@@ -275,6 +275,37 @@ def test_agent_entry_point(rootfs: Path, bundle: Path) -> None:
     assert proc.stdout == f"agent up {BUNDLE_MOUNT}/agent/orchard_agent/boot.py {BUNDLE_MOUNT}\n"
 
 
+# Runs in the sandbox beside the agent: one exec over its Unix socket, the answer's body printed.
+EXEC_CLIENT = r"""
+import json, socket, time
+for _ in range(200):
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect("/agent.sock")
+        break
+    except OSError:
+        time.sleep(0.05)
+body = json.dumps({"argv": ["/bin/busybox", "echo", "hi"], "cwd": "/"}).encode()
+s.sendall(b"POST /exec HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+f = s.makefile("rb")
+head = b"".join(iter(f.readline, b"\r\n"))
+print(f.read(int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])).decode())
+"""
+
+
+@needs_sandbox
+def test_the_real_agent_serves_from_the_bundle(rootfs: Path, cache_dir: Path) -> None:
+    """The pod's command starts the whole agent package from the bundle. Local sandboxes load
+    the agent through the zygote instead, so nothing else runs agent_command for real."""
+    bundle = ensure_bundle(cache_dir)
+    agent = " ".join([*agent_command(), "--unix", "/agent.sock"])
+    script = f'{agent} & {BUNDLE_MOUNT}/bin/python3 -I -S -B -c "$0"; kill $!'
+    proc = _sandbox(rootfs, bundle, ["/bin/sh", "-c", script, EXEC_CLIENT])
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["exit_code"], result["stdout"]) == (0, "hi\n"), result
+
+
 @needs_sandbox
 def test_image_library_path_cannot_hijack(rootfs: Path, bundle: Path) -> None:
     # Images often set LD_LIBRARY_PATH; a poisoned libc/libz there must not be picked up.

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 BUNDLE_MOUNT: str = "/.orchard/bundle"
 # Bump whenever the layout or build recipe changes so that stale cached bundles are not reused.
-BUNDLE_FORMAT = 1
+BUNDLE_FORMAT = 2
 
 AGENT_PACKAGE = "orchard_agent"
 AGENT_ENTRY = "boot.py"
