@@ -51,6 +51,7 @@ def parse_egress_entry(entry: str) -> IPNetwork | str:
 class SandboxStatus(StrEnum):
     pending = "pending"
     running = "running"
+    paused = "paused"
     failed = "failed"
     deleting = "deleting"
     deleted = "deleted"
@@ -110,6 +111,9 @@ class CreateSandboxRequest(_Strict):
         False, description="Let the sandbox reach the orchestrator's recording proxy (and, "
         "with block_network, nothing else): execs get OPENAI_BASE_URL pointing at it under "
         "this sandbox's session. Needs `session` and a server started with --model-proxy.")
+    from_snapshot: Annotated[str | None, Field(pattern=SANDBOX_ID_PATTERN)] = Field(
+        None, description="Start from this snapshot's files (POST /sandboxes/{id}/snapshot) "
+        "instead of the bare image; 'image' may be left out (it is the snapshot's).")
 
     @field_validator("egress")
     @classmethod
@@ -152,12 +156,17 @@ class LimitReport(BaseModel):
 class SandboxInfo(BaseModel):
     sandbox_id: str
     status: SandboxStatus = Field(
-        description="pending, running (= ready), failed, deleting or deleted.")
+        description="pending, running (= ready), paused, failed, deleting or deleted.")
     image: str
     block_network: bool
     cpu: str | None = None
     memory: str | None = None
     pids: int | None = None
+    disk: str | None = None
+    env: dict[str, str] = Field(default_factory=dict, description="Default env of its execs "
+                                "(as asked for; forks inherit it).")
+    from_snapshot: str | None = Field(None, description="The snapshot it started from.")
+    paused_at: datetime | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
     ready_at: datetime | None = None
@@ -395,6 +404,9 @@ class EventKind(StrEnum):
     mkdir = "mkdir"
     remove = "remove"
     patch = "patch"
+    snapshot = "snapshot"
+    paused = "paused"
+    resumed = "resumed"
     deleted = "deleted"
 
 
@@ -414,3 +426,54 @@ class SandboxEvent(BaseModel):
 class EventList(BaseModel):
     events: list[SandboxEvent]
     next_after: int = Field(description="Pass back as `after` to read on from here.")
+
+
+# --- snapshots, forks, pause ---------------------------------------------------------------
+
+
+class SnapshotStatus(StrEnum):
+    ready = "ready"
+    deleted = "deleted"
+
+
+class SnapshotRequest(_Strict):
+    snapshot_id: Annotated[str | None, Field(pattern=SANDBOX_ID_PATTERN)] = None
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    ttl: float | None = Field(
+        None, gt=0, le=30 * 24 * 3600,
+        description="Seconds the snapshot is kept (default: the server's snapshot_ttl, 24 h).")
+
+
+class SnapshotInfo(BaseModel):
+    """A sandbox's files at one moment: what it wrote over its image (running processes and
+    memory are not kept). Sandboxes created from it share it read-only."""
+
+    snapshot_id: str
+    sandbox_id: str = Field(description="The sandbox it was taken of.")
+    image: str
+    status: SnapshotStatus
+    size_bytes: int = Field(description="Bytes on disk of what the snapshot itself holds.")
+    created_at: datetime
+    expires_at: datetime | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    parent: str | None = Field(None, description="The snapshot its sandbox started from.")
+    backend: str = "local"
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotInfo]
+
+
+class ForkRequest(_Strict):
+    count: int = Field(1, ge=1, le=1000, description="How many sandboxes to branch off.")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64,
+                                   description="Added to the source's labels on every fork.")
+    ttl: float | None = Field(None, gt=0, le=7 * 24 * 3600)
+    keep_snapshot: bool = Field(
+        False, description="Keep the snapshot the forks start from (else it is deleted once "
+        "they are created; its files stay as long as a fork uses them).")
+
+
+class ForkResponse(BaseModel):
+    snapshot_id: str
+    sandboxes: list[SandboxInfo]

@@ -31,6 +31,21 @@ class SandboxSpec:
     agent_token: str | None = None  # when set, the agent refuses requests without it
     model_proxy: bool = False  # let it reach the recording proxy (see Backend.model_base_url)
     egress: list[str] | None = None  # with block_network False: the only destinations allowed
+    snapshot: str | None = None  # start from this snapshot's files instead of the bare image
+
+
+class SnapshotTooLarge(BackendError):
+    """The sandbox holds more than a snapshot may; the message gives both sizes."""
+
+
+class SnapshotMissing(BackendError):
+    """The snapshot's files are gone from the backend (deleted, or never taken here)."""
+
+
+@dataclass(frozen=True)
+class SnapshotMade:
+    snapshot_id: str
+    size_bytes: int  # bytes on disk of what this snapshot adds (not its parents or image)
 
 
 class SpecRejected(ValueError):
@@ -72,6 +87,30 @@ class Backend(Protocol):
     async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
         """The handle of a live, ready sandbox (one this process did not create, e.g. after a
         restart or on another replica), or None if it is not alive and ready."""
+        ...
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str, parent: str | None,
+                       max_bytes: int) -> SnapshotMade:
+        """Keep the files the sandbox changed over its image (and over ``parent``, the snapshot
+        it started from) as ``snapshot_id``; consistent even while its processes run. Raise
+        SnapshotTooLarge past max_bytes, BackendError otherwise."""
+        ...
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Remove a snapshot's files unless a sandbox or another snapshot still builds on them:
+        True once gone (also when it never existed), False while still in use."""
+        ...
+
+    async def list_snapshots(self) -> set[str]:
+        """Ids of every snapshot whose files the backend holds."""
+        ...
+
+    async def pause(self, sandbox_id: str) -> None:
+        """Stop every process of the sandbox where it stands (memory is kept)."""
+        ...
+
+    async def resume(self, sandbox_id: str) -> None:
+        """Let a paused sandbox's processes run on."""
         ...
 
     def model_base_url(self, session: str) -> str:
