@@ -39,7 +39,7 @@ from common import (  # noqa: E402
     process_cpu_s,
 )
 
-from orchard.env.backends.local.backend import USER_PATH  # noqa: E402
+from orchard.env.backends.local.launch import USER_PATH  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
 from orchard.eval import OracleHarness, RolloutResult, RunConfig, evaluate  # noqa: E402
 from orchard.tasks import Task, load_tasks  # noqa: E402

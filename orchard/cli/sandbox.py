@@ -32,9 +32,9 @@ _REMOTE_PATH = re.compile(r"^(?P<id>[a-z0-9][a-z0-9-]{0,62}):(?P<path>.+)$")
 @friendly_errors
 def create(
     ctx: typer.Context,
-    image: Annotated[
-        str, typer.Argument(help="'host', a rootfs dir or an image tarball.")
-    ] = "host",
+    image: Annotated[str | None, typer.Argument(
+        help="'host' (the default), a rootfs dir or an image tarball.", show_default=False)
+    ] = None,
     cpu: Annotated[str | None, typer.Option(help="CPU limit, e.g. 2 or 500m.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory limit, e.g. 512Mi.")] = None,
     pids: Annotated[int | None, typer.Option(help="Max processes.")] = None,
@@ -46,6 +46,8 @@ def create(
     ttl: Annotated[float | None, typer.Option(help="Time to live in seconds.")] = None,
     timeout: Annotated[
         float | None, typer.Option(help="Seconds it may take to become ready.")] = None,
+    from_snapshot: Annotated[str | None, typer.Option(
+        help="Start from this snapshot's files (its image is the snapshot's).")] = None,
 ) -> None:
     """Create a sandbox, wait until it is ready and print its id."""
     with ctx.obj.client() as client:
@@ -59,6 +61,7 @@ def create(
             labels=parse_labels(label or []),
             ttl=ttl,
             timeout=timeout,
+            from_snapshot=from_snapshot,
         )
     typer.echo(sandbox.id)
 
@@ -240,3 +243,50 @@ def rm(ctx: typer.Context, sandbox_ids: list[str]) -> None:
                     typer.echo(sandbox_id)
     if failed:
         raise typer.Exit(1)
+
+
+@app.command("snapshot")
+@friendly_errors
+def snapshot(
+    ctx: typer.Context,
+    sandbox_id: str,
+    label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable).")] = None,
+    ttl: Annotated[float | None, typer.Option(help="Seconds to keep it.")] = None,
+) -> None:
+    """Keep a sandbox's files (not its processes) as a snapshot; print its id."""
+    with ctx.obj.client() as client:
+        info = client.get_sandbox(sandbox_id).snapshot(labels=parse_labels(label or []),
+                                                       ttl=ttl)
+    stderr.print(f"{info.snapshot_id}: {info.size_bytes} bytes")
+    typer.echo(info.snapshot_id)
+
+
+@app.command("fork")
+@friendly_errors
+def fork(
+    ctx: typer.Context,
+    sandbox_id: str,
+    count: Annotated[int, typer.Option("--count", "-n", help="How many.")] = 1,
+    label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable).")] = None,
+) -> None:
+    """Branch sandboxes off a sandbox as it is now; wait for them and print their ids."""
+    with ctx.obj.client() as client:
+        forks = client.get_sandbox(sandbox_id).fork(count, labels=parse_labels(label or []))
+    for sandbox in forks:
+        typer.echo(sandbox.id)
+
+
+@app.command("pause")
+@friendly_errors
+def pause(ctx: typer.Context, sandbox_id: str) -> None:
+    """Freeze a sandbox's processes (memory is kept) until `orchard sandbox resume`."""
+    with ctx.obj.client() as client:
+        typer.echo(client.get_sandbox(sandbox_id).pause().status.value)
+
+
+@app.command("resume")
+@friendly_errors
+def resume(ctx: typer.Context, sandbox_id: str) -> None:
+    """Let a paused sandbox's processes run on."""
+    with ctx.obj.client() as client:
+        typer.echo(client.get_sandbox(sandbox_id).resume().status.value)

@@ -29,6 +29,10 @@ class Settings(BaseModel):
     max_sandboxes: int = Field(2000, ge=1)
     max_concurrent_creates: int = Field(64, ge=1)
     default_ttl: float = Field(7200, gt=0, description="Seconds a sandbox lives by default.")
+    snapshot_ttl: float = Field(86400, gt=0, description="Seconds a snapshot is kept by default.")
+    max_snapshot_bytes: int = Field(
+        10 << 30, ge=0, description="The most a sandbox may have written over its image (and "
+        "over the snapshot it started from) to be snapshotted.")
     heartbeat_timeout: float = Field(180, gt=0, description="Only for sandboxes that beat once.")
     pending_timeout: float = Field(120, gt=0)
     reconcile_interval: float = Field(5, gt=0)

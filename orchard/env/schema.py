@@ -69,10 +69,11 @@ class _Strict(BaseModel):
 
 
 class CreateSandboxRequest(_Strict):
-    image: str = Field(
-        "host",
-        description="'host' (read-only view of the host system), a rootfs directory, a "
-        "docker-archive/oci-archive tarball or an OCI layout directory.",
+    image: str | None = Field(
+        None,
+        description="'host' (read-only view of the host system; the default), a rootfs "
+        "directory, a docker-archive/oci-archive tarball or an OCI layout directory. With "
+        "from_snapshot: the snapshot's image (leave it out).",
         min_length=1,
         max_length=4096,
     )
@@ -432,6 +433,7 @@ class EventList(BaseModel):
 
 
 class SnapshotStatus(StrEnum):
+    pending = "pending"  # being taken
     ready = "ready"
     deleted = "deleted"
 
@@ -462,6 +464,13 @@ class SnapshotInfo(BaseModel):
 
 class SnapshotList(BaseModel):
     snapshots: list[SnapshotInfo]
+
+
+class SnapshotDeleted(BaseModel):
+    snapshot_id: str
+    status: Literal["deleted"] = "deleted"
+    found: bool = Field(True, description="False: there was no such snapshot; deleting is "
+                        "idempotent, so this is no error.")
 
 
 class ForkRequest(_Strict):

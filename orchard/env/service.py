@@ -25,6 +25,7 @@ from orchard.env.backends.base import (
     SandboxSpec,
     SpecRejected,
 )
+from orchard.env.branching import Branching
 from orchard.env.config import Settings
 from orchard.env.errors import (
     BadRequest,
@@ -49,7 +50,7 @@ from orchard.env.schema import (
 from orchard.env.state.base import StateStore
 
 log = logging.getLogger("orchard.env")
-LIVE = (SandboxStatus.pending, SandboxStatus.running)
+LIVE = (SandboxStatus.pending, SandboxStatus.running, SandboxStatus.paused)
 
 
 # How long a request to a sandbox that is still starting waits for it.
@@ -71,7 +72,7 @@ def replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class SandboxService(ExecJobs):
+class SandboxService(ExecJobs, Branching):
     """Records live in the store, which several replicas may share: every decision re-reads
     the record, and every change goes through `_update` under the record's lock, so two
     replicas never overwrite each other's transitions (e.g. resurrect a deleted sandbox)."""
@@ -93,6 +94,8 @@ class SandboxService(ExecJobs):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reconciler: asyncio.Task[None] | None = None
         self.creates_in_flight = 0
+        # Forks queue here for a launch slot rather than being turned away.
+        self._launch_slots = asyncio.Semaphore(settings.max_concurrent_creates)
 
     @property
     def beat_ttl(self) -> float:
@@ -141,12 +144,13 @@ class SandboxService(ExecJobs):
         await self.store.publish(f"sandbox:{sid}")
         return rec
 
-    async def _fail(self, sid: str, reason: str, only_if: SandboxStatus | None = None) -> None:
+    async def _fail(self, sid: str, reason: str,
+                    only_if: tuple[SandboxStatus, ...] = LIVE) -> None:
         changed = False
 
         def change(rec: SandboxInfo) -> bool:
             nonlocal changed
-            if rec.status not in LIVE or only_if is not None and rec.status != only_if:
+            if rec.status not in only_if:
                 return False
             rec.status, rec.error = SandboxStatus.failed, reason
             changed = True
@@ -164,16 +168,21 @@ class SandboxService(ExecJobs):
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def create(self, req: CreateSandboxRequest) -> SandboxInfo:
+    async def create(self, req: CreateSandboxRequest, *, queued: bool = False) -> SandboxInfo:
+        """Record and launch a sandbox; ``queued`` ones (forks) wait for a launch slot instead
+        of being turned away when max_concurrent_creates are in flight."""
         sid = req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}"
+        image = req.image or "host"
+        if req.from_snapshot is not None:
+            image = (await self.snapshot_to_start(req)).image
         env, model_base_url = req.env, None
         if req.model_proxy:
             model_base_url = self._model_base_url(req.session or "")
             env = {**model_env(model_base_url, req.session or ""), **req.env}
-        spec = SandboxSpec(sandbox_id=sid, image=req.image, block_network=req.block_network,
+        spec = SandboxSpec(sandbox_id=sid, image=image, block_network=req.block_network,
                            cpu=req.cpu, memory=req.memory, pids=req.pids, disk=req.disk,
                            env=env, labels=req.labels, model_proxy=req.model_proxy,
-                           egress=req.egress)
+                           egress=req.egress, snapshot=req.from_snapshot)
         try:
             self.backend.check(spec)
             cpu = parse_cpu(req.cpu) if req.cpu is not None else None
@@ -188,15 +197,16 @@ class SandboxService(ExecJobs):
         if self.active_count() >= self.settings.max_sandboxes:
             raise Overloaded(f"at capacity: {self.settings.max_sandboxes} sandboxes are live; "
                              "delete some or retry later", 2)
-        if self.creates_in_flight >= self.settings.max_concurrent_creates:
+        if not queued and self.creates_in_flight >= self.settings.max_concurrent_creates:
             raise Overloaded(f"{self.creates_in_flight} creates in flight (the maximum); retry "
                              "after the delay in Retry-After", 1)
         if sid in self._teardowns:
             raise Overloaded(f"sandbox {sid} is still being torn down; retry shortly", 1)
         now = time.time()
         rec = SandboxInfo(
-            sandbox_id=sid, status=SandboxStatus.pending, image=req.image,
+            sandbox_id=sid, status=SandboxStatus.pending, image=image,
             block_network=req.block_network, cpu=req.cpu, memory=req.memory, pids=req.pids,
+            disk=req.disk, env=req.env, from_snapshot=req.from_snapshot,
             labels=req.labels, created_at=utc_time(now),
             ready_deadline=utc_time(now + (req.timeout or self.settings.pending_timeout)),
             expires_at=utc_time(now + (req.ttl or self.settings.default_ttl)),
@@ -211,11 +221,12 @@ class SandboxService(ExecJobs):
                                "choose another sandbox_id or delete it first")
             await self.store.put_sandbox(rec)
         self._live[sid] = rec
-        await self.events.record(rec, EventKind.created, now, image=req.image,
+        await self.events.record(rec, EventKind.created, now, image=image,
                                  block_network=req.block_network, cpu=req.cpu,
                                  memory=req.memory, pids=req.pids, disk=req.disk, env=req.env,
                                  model_proxy=req.model_proxy, timeout=req.timeout,
-                                 ttl=req.ttl, egress=req.egress)
+                                 ttl=req.ttl, egress=req.egress,
+                                 from_snapshot=req.from_snapshot)
         self.creates_in_flight += 1
         self._launches[sid] = asyncio.create_task(self._launch(spec))
         return rec
@@ -224,7 +235,8 @@ class SandboxService(ExecJobs):
         sid = spec.sandbox_id
         t0 = time.perf_counter()
         try:
-            handle = await self.backend.create(spec)
+            async with self._launch_slots:
+                handle = await self.backend.create(spec)
         except asyncio.CancelledError:
             raise  # a delete cancelled us and already recorded it
         except Exception as e:  # noqa: BLE001 - any failure becomes the record's error
@@ -341,8 +353,9 @@ class SandboxService(ExecJobs):
     def _expired(self, rec: SandboxInfo, now: float) -> str | None:
         if rec.expires_at and now > rec.expires_at.timestamp():
             return "ttl expired"
-        if rec.last_heartbeat and (now - rec.last_heartbeat.timestamp()
-                                   > self.settings.heartbeat_timeout):
+        # A paused sandbox has nobody to beat for it until it resumes.
+        if (rec.last_heartbeat and rec.status != SandboxStatus.paused
+                and now - rec.last_heartbeat.timestamp() > self.settings.heartbeat_timeout):
             return "heartbeat timed out"
         deadline = (rec.ready_deadline.timestamp() if rec.ready_deadline
                     else rec.created_at.timestamp() + self.settings.pending_timeout)
@@ -374,7 +387,7 @@ class SandboxService(ExecJobs):
             elif existing is not None and (sid not in existing
                                            or await self.backend.adopt(sid) is None):
                 await self._fail(sid, "sandbox exited unexpectedly; delete and recreate it",
-                                 only_if=SandboxStatus.running)
+                                 only_if=(SandboxStatus.running, SandboxStatus.paused))
         if existing is not None:
             for sid in existing - live.keys() - self._teardowns.keys() - self._launches.keys():
                 log.info("removing orphan sandbox %s (no live record)", sid)
@@ -389,6 +402,7 @@ class SandboxService(ExecJobs):
                              "is lost (the command may have finished in the sandbox)")
                 await self.store.put_job(job)
                 await self.store.publish(f"job:{job.job_id}")
+        await self.collect_snapshots(now)
         await self.store.prune(now - self.settings.retention)
         await self.store.prune_events(now - self.settings.event_retention)
 
@@ -396,7 +410,7 @@ class SandboxService(ExecJobs):
         handle = await self.backend.adopt(sid)
         if handle is None:
             await self._fail(sid, "the orchestrator replica launching it stopped before it was "
-                             "ready; delete and recreate it", only_if=SandboxStatus.pending)
+                             "ready; delete and recreate it", only_if=(SandboxStatus.pending,))
             return
         self._agents[sid] = self._agent_client(handle)
         await self._update(sid, _became_ready(handle.limits))
@@ -415,6 +429,7 @@ class SandboxService(ExecJobs):
                 rec = await self.wait(sid, PENDING_REQUEST_WAIT)
         if rec.status != SandboxStatus.running:
             hint = {"pending": f"wait for it with GET /sandboxes/{sid}/wait",
+                    "paused": f"resume it with POST /sandboxes/{sid}/resume",
                     "failed": f"it failed: {rec.error}; delete and recreate it"}
             raise Conflict(f"sandbox {sid} is {rec.status.value}: "
                            + hint.get(rec.status.value, "recreate it"))

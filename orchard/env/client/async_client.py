@@ -108,7 +108,7 @@ class AsyncSandboxClient(BaseClient):
 
     async def create_sandbox(
         self,
-        image: str = "host",
+        image: str | None = None,
         *,
         block_network: bool = True,
         egress: Sequence[str] | None = None,
@@ -123,19 +123,22 @@ class AsyncSandboxClient(BaseClient):
         env: Mapping[str, str] | None = None,
         session: str | None = None,
         model_proxy: bool = False,
+        from_snapshot: str | None = None,
         wait: bool = True,
     ) -> AsyncSandbox:
         """Create a sandbox and, unless ``wait=False``, wait until it can run commands.
 
         ``timeout``: seconds it may take to become ready (the server fails it after that;
         default 120 s of waiting here and the server's pending_timeout there). ``ttl``:
-        seconds it lives (default: the server's, 2 h).
+        seconds it lives (default: the server's, 2 h). ``image``: "host" unless given, or
+        the snapshot's with ``from_snapshot`` (which starts it from that snapshot's files).
         """
         request = self.create_request(
             image, sandbox_id, block_network=block_network,
             egress=None if egress is None else list(egress), cpu=cpu, memory=memory,
             pids=pids, disk=disk, ttl=ttl, timeout=timeout, labels=dict(labels or {}),
             env=dict(env or {}), session=session, model_proxy=model_proxy,
+            from_snapshot=from_snapshot,
         )  # fmt: skip
         sandbox = AsyncSandbox(self, await self._call(API.create_sandbox(request)))
         self._remember(sandbox.id)
@@ -192,6 +195,20 @@ class AsyncSandboxClient(BaseClient):
             for sandbox_id in list(self._created):
                 tg.start_soon(self._discard, sandbox_id)
 
+    # --- snapshots ---
+
+    async def get_snapshot(self, snapshot_id: str) -> schema.SnapshotInfo:
+        return await self._call(API.get_snapshot(snapshot_id))
+
+    async def list_snapshots(
+        self, labels: Mapping[str, str] | None = None
+    ) -> list[schema.SnapshotInfo]:
+        return (await self._call(API.list_snapshots(labels))).snapshots
+
+    async def delete_snapshot(self, snapshot_id: str) -> schema.SnapshotDeleted:
+        """Its files stay while sandboxes started from it live."""
+        return await self._call(API.delete_snapshot(snapshot_id))
+
     # --- service ---
 
     async def health(self) -> schema.Health:
@@ -239,6 +256,40 @@ class AsyncSandbox(SandboxBase):
 
     async def delete(self) -> None:
         await self._client.delete_sandbox(self.id)
+
+    # --- branching ---
+
+    async def snapshot(self, snapshot_id: str | None = None, *,
+                 labels: Mapping[str, str] | None = None,
+                 ttl: float | None = None) -> schema.SnapshotInfo:
+        """Keep its files (not its processes) as a snapshot to create sandboxes from."""
+        request = schema.SnapshotRequest(snapshot_id=snapshot_id, labels=dict(labels or {}),
+                                         ttl=ttl)
+        return await self._client._call(API.snapshot(self.id, request))
+
+    async def fork(self, count: int = 1, *, labels: Mapping[str, str] | None = None,
+             ttl: float | None = None, keep_snapshot: bool = False,
+             wait: bool = True) -> list[AsyncSandbox]:
+        """``count`` new sandboxes starting from its files as they are now."""
+        request = schema.ForkRequest(count=count, labels=dict(labels or {}), ttl=ttl,
+                                     keep_snapshot=keep_snapshot)
+        made = await self._client._call(API.fork(self.id, request))
+        forks = [AsyncSandbox(self._client, info) for info in made.sandboxes]
+        for sandbox in forks:
+            self._client._remember(sandbox.id)
+        # They start side by side on the server; waiting in turn costs only the slowest.
+        for sandbox in forks if wait else ():
+            await sandbox.wait_ready()
+        return forks
+
+    async def pause(self) -> schema.SandboxInfo:
+        """Freeze its processes (memory is kept); execs are refused until :meth:`resume`."""
+        self.info = await self._client._call(API.pause(self.id))
+        return self.info
+
+    async def resume(self) -> schema.SandboxInfo:
+        self.info = await self._client._call(API.resume(self.id))
+        return self.info
 
     # --- commands ---
 

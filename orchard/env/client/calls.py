@@ -201,6 +201,40 @@ class API:
         return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/heartbeat", _model(schema.SandboxInfo))
 
     @staticmethod
+    def snapshot(sandbox_id: str, request: schema.SnapshotRequest) -> Call[schema.SnapshotInfo]:
+        # Copying a big sandbox takes a while; with an id, a resent one finds the first.
+        retry = Retry.IDEMPOTENT if request.snapshot_id else Retry.OVERLOAD
+        return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/snapshot",
+                    _model(schema.SnapshotInfo), json=_body(request), retry=retry,
+                    timeout=_long(600))
+
+    @staticmethod
+    def fork(sandbox_id: str, request: schema.ForkRequest) -> Call[schema.ForkResponse]:
+        return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/fork", _model(schema.ForkResponse),
+                    json=_body(request), retry=Retry.OVERLOAD, timeout=_long(600))
+
+    @staticmethod
+    def pause(sandbox_id: str) -> Call[schema.SandboxInfo]:
+        return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/pause", _model(schema.SandboxInfo))
+
+    @staticmethod
+    def resume(sandbox_id: str) -> Call[schema.SandboxInfo]:
+        return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/resume", _model(schema.SandboxInfo))
+
+    @staticmethod
+    def get_snapshot(snapshot_id: str) -> Call[schema.SnapshotInfo]:
+        return Call("GET", f"/snapshots/{_seg(snapshot_id)}", _model(schema.SnapshotInfo))
+
+    @staticmethod
+    def list_snapshots(labels: Mapping[str, str] | None) -> Call[schema.SnapshotList]:
+        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        return Call("GET", "/snapshots", _model(schema.SnapshotList), params=params)
+
+    @staticmethod
+    def delete_snapshot(snapshot_id: str) -> Call[schema.SnapshotDeleted]:
+        return Call("DELETE", f"/snapshots/{_seg(snapshot_id)}", _model(schema.SnapshotDeleted))
+
+    @staticmethod
     def _exec(
         sandbox_id: str, request: schema.ExecRequest, parse: Callable[[httpx.Response], T]
     ) -> Call[T]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from orchard.env.schema import Job, SandboxEvent, SandboxInfo
+from orchard.env.schema import Job, SandboxEvent, SandboxInfo, SnapshotInfo
 from orchard.env.state.base import EventSubscription, LockTimeout
 
 _SCHEMA = """
@@ -29,6 +29,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, status TEXT NOT NULL,
     updated REAL NOT NULL, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS jobs_updated ON jobs(updated);
+CREATE TABLE IF NOT EXISTS snapshots (
+    snapshot_id TEXT PRIMARY KEY, created REAL NOT NULL, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS fences (name TEXT PRIMARY KEY, token INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS replicas (replica TEXT PRIMARY KEY, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
@@ -86,6 +88,23 @@ class SqliteStore:
 
     async def drop_sandbox(self, sandbox_id: str) -> None:
         self._db.execute("DELETE FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,))
+
+    async def put_snapshot(self, info: SnapshotInfo) -> None:
+        self._db.execute("INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?)",
+                         (info.snapshot_id, info.created_at.timestamp(),
+                          info.model_dump_json()))
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotInfo | None:
+        row = self._db.execute(
+            "SELECT data FROM snapshots WHERE snapshot_id = ?", (snapshot_id,)).fetchone()
+        return None if row is None else SnapshotInfo.model_validate_json(row[0])
+
+    async def list_snapshots(self) -> list[SnapshotInfo]:
+        rows = self._db.execute("SELECT data FROM snapshots ORDER BY created").fetchall()
+        return [SnapshotInfo.model_validate_json(r[0]) for r in rows]
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        self._db.execute("DELETE FROM snapshots WHERE snapshot_id = ?", (snapshot_id,))
 
     async def put_job(self, job: Job) -> None:
         self._db.execute(

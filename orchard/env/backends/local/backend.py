@@ -33,49 +33,26 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchard.env.agent.bundle import BUNDLE_MOUNT, ensure_bundle
-from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
+from orchard.env.backends.base import (
+    BackendError,
+    SandboxHandle,
+    SandboxSpec,
+    SnapshotMade,
+    SpecRejected,
+)
 from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
-from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
+from orchard.env.backends.local.images import ImageError, ImageStore
+from orchard.env.backends.local.launch import CTL_MOUNT, USER_PATH, Launcher
 from orchard.env.backends.local.relay import MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
+from orchard.env.backends.local.snapshots import SnapshotLayers
 from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of, zygote_userns
 from orchard.env.schema import LimitReport
 
 log = logging.getLogger("orchard.env")
-CTL_MOUNT = "/.orchard/ctl"
 SOCKET_NAME = "agent.sock"
 _MAX_UNIX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
-USER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Host entries a "host" sandbox sees read-only; everything else (/root, /home, /tmp, /var, the
-# orchestrator's state) is absent, and /workspace, /tmp, /home are private and writable.
-HOST_VIEW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
-HOST_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
-                "/etc/sudoers", "/etc/ssl/private")
-_LAUNCH_SH = """\
-# usage: launch.sh LOWER_FD DATA_DIR UID UPPER WORK ROOT BUNDLE DISK NPROCS PROCS_FILE...
-#                  COMMAND...
-# Host root, in a private mount namespace; COMMAND (bwrap) runs as the sandbox's host uid.
-set -e
-lower=$1 data=$2 uid=$3 upper=$4 work=$5 root=$6 bundle=$7 disk=$8 n=$9; shift 9
-while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
-# A disk quota (DISK not empty): upper and work live on that file system, mounted here so
-# that it and its loop device (autoclear) go away with the sandbox.
-if [ -n "$disk" ]; then mount -o loop,nodev,nosuid "$disk" "${upper%/*}"; fi
-mount -t overlay orchard-overlay \\
-    -o "lowerdir=/proc/self/fd/$lower,upperdir=$upper,workdir=$work" "$root"
-# Nothing in the sandbox may inherit the image's id-mapped view.
-exec {lower}<&-
-# The sandbox's uid may not search the data dir's parents (a 0700 home or tmp dir); bwrap sees
-# the data dir at /tmp instead, in this mount namespace only. A bundle kept outside the data
-# dir (BUNDLE not empty) is bound into it first.
-if [ -n "$bundle" ]; then mount --bind "$bundle" "$data/bundle-view"; fi
-mount --rbind "$data" /tmp
-exec setpriv --reuid "$uid" --regid "$uid" --clear-groups "$@"
-"""
-# Where bwrap finds the data dir (see launch.sh).
-LAUNCH_VIEW = Path("/tmp")
-
 class LocalBackend:
     """Sandboxes on this machine; needs root, bubblewrap, overlayfs and cgroups."""
 
@@ -116,19 +93,14 @@ class LocalBackend:
         self._slirps: dict[str, subprocess.Popen[bytes]] = {}
         cache = cache_dir or data_dir
         self.images = ImageStore(cache / "images")
-        self.bundle = ensure_bundle(cache / "bundle")
         # bwrap sees only the data dir (see launch.sh): a bundle elsewhere (a shared cache
         # dir, a symlinked bundle dir) is bound onto bundle-view for it.
-        self._bundle_inside = self.bundle.resolve().is_relative_to(data_dir.resolve())
-        if not self._bundle_inside:
-            (data_dir / "bundle-view").mkdir(mode=0o755, exist_ok=True)
+        self.launcher = Launcher.prepare(data_dir, ensure_bundle(cache / "bundle"))
+        self.bundle = self.launcher.bundle
         self.cgroups = CgroupManager(cgroup_group(data_dir))
         self.seccomp_path = write_filter(data_dir / "seccomp.bpf")
-        self.launch_sh = data_dir / "launch.sh"
-        self.launch_sh.write_text(_LAUNCH_SH)
-        self.host_skeleton = self._make_host_skeleton(data_dir / "host-skeleton")
-        self.empty_dir = data_dir / "empty"
-        self.empty_dir.mkdir(mode=0o755, exist_ok=True)
+        self.snapshots = SnapshotLayers(data_dir / "snapshots", self.sandboxes_dir)
+        self.snapshots.remove_partials()
         # Teardown threads mostly sleep, waiting for killed processes to leave their cgroups;
         # a pool of their own keeps them from starving the default executor (image unpacking).
         self._teardown_pool = ThreadPoolExecutor(32, thread_name_prefix="orchard-teardown")
@@ -152,21 +124,6 @@ class LocalBackend:
                                f"{self.data_dir / 'zygote.log'}")
         proc.stdout.close()
         return proc, lifeline_w
-
-    @staticmethod
-    def _make_host_skeleton(path: Path) -> Path:
-        """An image that is only mount points and the host's top-level symlinks."""
-        path.mkdir(parents=True, exist_ok=True)
-        for name in (*HOST_VIEW, "proc", "dev", "tmp", "workspace", "home", "root", "run", "var"):
-            host, entry = Path("/") / name, path / name
-            if entry.exists() or entry.is_symlink():
-                continue
-            if host.is_symlink():
-                entry.symlink_to(os.readlink(host))
-            elif host.is_dir() or name not in HOST_VIEW:
-                entry.mkdir()
-        (path / "tmp").chmod(0o1777)
-        return path
 
     def _dir(self, sandbox_id: str) -> Path:
         return self.sandboxes_dir / sandbox_id
@@ -223,27 +180,33 @@ class LocalBackend:
         # A networked sandbox's slirp4netns exits when this pipe's write end closes; only
         # the holder keeps that end, so the network goes when the sandbox does.
         net_r, net_w = os.pipe() if not spec.block_network else (-1, -1)
-        userns_fd = lower_fd = -1
+        userns_fd, lower_fds = -1, []
         try:
-            lower = self.host_skeleton if image.kind == "host" else image.rootfs
+            lower = self.launcher.host_skeleton if image.kind == "host" else image.rootfs
             assert lower is not None
-            uid, userns_fd, lower_fd = await asyncio.to_thread(
-                self._user_namespace, sdir, layers / "upper", lower)
+            # A sandbox started from a snapshot mounts the snapshot's layers over the image.
+            chain = self.snapshots.pin(sdir, spec.snapshot) if spec.snapshot else []
+            uid, userns_fd, lower_fds = await asyncio.to_thread(
+                self._user_namespace, sdir, layers / "upper",
+                [*self.snapshots.layers(chain), lower])
             limits["disk"] = (await asyncio.to_thread(quota.make_disk, sdir, spec.disk)
                               if spec.disk else quota.not_requested())
             with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
-                argv = self._launch_argv(spec, image, sdir, bpf.fileno(), block_r,
-                                         uid, userns_fd, lower_fd, layers)
+                procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
+                argv = self.launcher.argv(spec, image, sdir, procs, bpf.fileno(), block_r,
+                                          uid, userns_fd, lower_fds, layers)
                 fds = tuple(fd for fd in (bpf.fileno(), block_r, block_w, net_w, userns_fd,
-                                          lower_fd) if fd is not None and fd >= 0)
+                                          *lower_fds) if fd is not None and fd >= 0)
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     pass_fds=fds, start_new_session=True, env={"PATH": USER_PATH},
                 )
-            os.close(lower_fd)
-            os.close(userns_fd)
-            userns_fd = lower_fd = -1
+            for fd in (*lower_fds, userns_fd):
+                os.close(fd)
+            userns_fd, lower_fds = -1, []
             self._launchers[spec.sandbox_id] = proc
+            # Its mount namespace holds the upper dir of a disk-quota sandbox (see snapshot).
+            (sdir / "launcher.pid").write_text(str(proc.pid))
             if spec.model_proxy:
                 (sdir / "model-proxy").touch()  # so an adopting orchestrator re-opens the relay
                 await self.relays.open(spec.sandbox_id, sdir / "ctl", uid)
@@ -258,7 +221,7 @@ class LocalBackend:
             await self.delete(spec.sandbox_id)
             raise
         finally:
-            owned = [userns_fd, lower_fd, net_r, net_w]
+            owned = [userns_fd, *lower_fds, net_r, net_w]
             if block_w is not None:  # not the lifeline, which lives as long as we do
                 owned += [block_r, block_w]
             for fd in owned:
@@ -281,70 +244,22 @@ class LocalBackend:
         except network.NetworkError as e:
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
 
-    def _user_namespace(self, sdir: Path, upper: Path, lower: Path) -> tuple[int, int, int]:
+    def _user_namespace(self, sdir: Path, upper: Path,
+                        lowers: list[Path]) -> tuple[int, int, list[int]]:
         """Claims the sandbox's host uid range and has the zygote make its user namespace and
-        the id-mapped view of its image: (host uid of its root, userns fd, lower fd). Blocking."""
+        the id-mapped views of its lower layers: (host uid of its root, userns fd, lower fds).
+        Blocking."""
         try:
             uid = self.uid_ranges.claim(sdir)
             # Sandbox root owns its root directory (the overlay's top takes the upper dir's
             # owner) and binds the agent's socket in ctl.
             for owned in (upper, sdir / "ctl"):
                 os.chown(owned, uid, uid)
-            userns_fd, lower_fd = zygote_userns(self.zygote_socket, uid, lower,
-                                                self.ready_timeout)
+            userns_fd, lower_fds = zygote_userns(self.zygote_socket, uid, lowers,
+                                                 self.ready_timeout)
         except UidRangeError as e:
             raise BackendError(f"sandbox {sdir.name}: {e}") from None
-        return uid, userns_fd, lower_fd
-
-    def _launch_argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
-                     seccomp_fd: int, block_fd: int, uid: int, userns_fd: int,
-                     lower_fd: int, layers: Path) -> list[str]:
-        procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
-
-        def seen(path: Path) -> str:  # a data dir path as bwrap sees it (see launch.sh)
-            return str(LAUNCH_VIEW / path.relative_to(self.data_dir))
-
-        bwrap = ["bwrap", "--userns", str(userns_fd), "--bind", seen(sdir / "root"), "/",
-                 "--proc", "/proc", "--dev", "/dev"]
-        if image.kind == "host":
-            for name in HOST_VIEW:
-                host = Path("/") / name
-                if host.is_dir() and not host.is_symlink():
-                    bwrap += ["--ro-bind", str(host), str(host)]
-            for secret in HOST_SECRETS:
-                if os.path.lexists(secret):
-                    mask = seen(self.empty_dir) if os.path.isdir(secret) else "/dev/null"
-                    bwrap += ["--ro-bind", mask, secret]
-            for key in Path("/etc/ssh").glob("ssh_host_*_key"):
-                bwrap += ["--ro-bind", "/dev/null", str(key)]
-        bwrap += [
-            "--perms", "1777", "--dir", "/tmp", "--dir", "/workspace",
-            "--ro-bind", seen(self.bundle if self._bundle_inside
-                              else self.data_dir / "bundle-view"), BUNDLE_MOUNT,
-            "--bind", seen(sdir / "ctl"), CTL_MOUNT,
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", spec.sandbox_id[:63], "--cap-drop", "ALL", "--new-session",
-            "--seccomp", str(seccomp_fd), "--clearenv", "--setenv", "PATH", USER_PATH,
-            "--setenv", "HOME", "/root", "--setenv", "LANG", "C.UTF-8",
-            "--setenv", "HOSTNAME", spec.sandbox_id[:63], "--chdir", "/",
-        ]
-        # Every sandbox has a network namespace; a networked one gets its link and rules
-        # once the holder is up, and a resolver that the rules let through.
-        bwrap.append("--unshare-net")
-        if not spec.block_network:
-            (sdir / "resolv.conf").write_text(network.RESOLV_CONF)
-            bwrap[bwrap.index("--perms"):bwrap.index("--perms")] = [
-                "--ro-bind", seen(sdir / "resolv.conf"), "/etc/resolv.conf"]
-        # The holder never gets past --block-fd, so the command is never run.
-        bwrap += ["--block-fd", str(block_fd), "--", "/.orchard/never-run"]
-        return [
-            "unshare", "--mount", "--propagation", "private", "--", "bash",
-            str(self.launch_sh), str(lower_fd), str(self.data_dir), str(uid),
-            str(layers / "upper"), str(layers / "work"), str(sdir / "root"),
-            "" if self._bundle_inside else str(self.bundle),
-            str(sdir / quota.DISK_IMAGE) if layers != sdir else "", str(len(procs)),
-            *procs, *bwrap,
-        ]
+        return uid, userns_fd, lower_fds
 
     def _agent_env(self, spec: SandboxSpec) -> dict[str, str]:
         return {"PATH": USER_PATH, "HOME": "/root", "LANG": "C.UTF-8",
@@ -445,6 +360,63 @@ class LocalBackend:
             await self.relays.open(sandbox_id, self._dir(sandbox_id) / "ctl",
                                    uid_of(self._dir(sandbox_id)))
         return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}")
+
+    # --- snapshots and pause ---------------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str, parent: str | None,
+                       max_bytes: int) -> SnapshotMade:
+        size = await asyncio.to_thread(self._snapshot_sync, sandbox_id, snapshot_id, parent,
+                                       max_bytes)
+        return SnapshotMade(snapshot_id=snapshot_id, size_bytes=size)
+
+    def _snapshot_sync(self, sandbox_id: str, snapshot_id: str, parent: str | None,
+                       max_bytes: int) -> int:
+        sdir = self._dir(sandbox_id)
+        base = uid_of(sdir)
+        if base is None or not self.cgroups.pids(sandbox_id):
+            raise BackendError(f"sandbox {sandbox_id} is not running on this host; only a "
+                               "running or paused sandbox can be snapshotted")
+        # Frozen for the copy, so that no file changes halfway through it.
+        paused = self.cgroups.frozen(sandbox_id)
+        try:
+            if not paused:
+                self.cgroups.freeze(sandbox_id)
+            return self.snapshots.take(snapshot_id, self._upper(sdir, sandbox_id), base,
+                                       parent, max_bytes, sandbox_id)
+        except CgroupError as e:
+            raise BackendError(f"sandbox {sandbox_id}: {e}") from None
+        finally:
+            if not paused:
+                self.cgroups.thaw(sandbox_id)
+
+    def _upper(self, sdir: Path, sandbox_id: str) -> Path:
+        """The sandbox's upper dir as the host can read it. A disk-quota sandbox's is on a file
+        system mounted only in its launcher's mount namespace, reached through /proc."""
+        if not (sdir / quota.DISK_IMAGE).exists():
+            return sdir / "upper"
+        try:
+            launcher = int((sdir / "launcher.pid").read_text())
+        except (OSError, ValueError):
+            launcher = 0
+        if launcher not in self.cgroups.pids(sandbox_id):
+            raise BackendError(f"sandbox {sandbox_id}: its disk's mount is gone (the launcher "
+                               "exited); delete and recreate it")
+        return Path(f"/proc/{launcher}/root") / (sdir / quota.DISK_DIR / "upper").relative_to("/")
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await asyncio.to_thread(self.snapshots.delete, snapshot_id)
+
+    async def list_snapshots(self) -> set[str]:
+        return await asyncio.to_thread(self.snapshots.list)
+
+    async def pause(self, sandbox_id: str) -> None:
+        try:
+            await asyncio.to_thread(self.cgroups.freeze, sandbox_id)
+        except CgroupError as e:
+            raise BackendError(str(e)) from None
+
+    async def resume(self, sandbox_id: str) -> None:
+        await asyncio.to_thread(self.cgroups.thaw, sandbox_id)
 
     async def close(self) -> None:
         self.egress.stop()

@@ -382,6 +382,9 @@ class CgroupManager:
         dirs = self._existing_dirs(sandbox_id)
         if not dirs:
             return
+        # A v1-frozen (paused) task would hold its SIGKILL until thawed.
+        with contextlib.suppress(OSError):
+            self.thaw(sandbox_id)
         v2_dir = self._dir(self._v2, sandbox_id) if self._v2 else None
         if v2_dir is not None and (v2_dir / "cgroup.kill").exists():
             # Atomic against concurrent forks, unlike any signal loop.  A concurrent kill() may
@@ -410,30 +413,55 @@ class CgroupManager:
         for d in dirs:
             _rmdir_tree(d, deadline)
 
-    def _freeze_and_kill(self, sandbox_id: str, deadline: float) -> None:
-        """Freeze so the process list cannot change under us, SIGKILL it all, then thaw."""
+    def _freezer_control(self, sandbox_id: str) -> tuple[Path, str, str] | None:
+        """(control file, frozen value, thawed value), or None without a freezer."""
         if self._freezer is None:
-            return
+            return None
         d = self._dir(self._freezer, sandbox_id)
         if self._freezer.version == 1:
-            control, frozen_value, thawed_value = d / "freezer.state", "FROZEN", "THAWED"
-        else:
-            control, frozen_value, thawed_value = d / "cgroup.freeze", "1", "0"
-        if not control.exists():
+            return d / "freezer.state", "FROZEN", "THAWED"
+        return d / "cgroup.freeze", "1", "0"
+
+    def freeze(self, sandbox_id: str, timeout: float = 5.0) -> None:
+        """Stop every process of the sandbox where it stands; returns once all are stopped."""
+        control = self._freezer_control(sandbox_id)
+        if control is None or not control[0].exists():
+            raise CgroupError(f"sandbox {sandbox_id!r} has no freezer cgroup (layout: "
+                              f"{self.layout()}); it cannot be paused on this host")
+        _write(control[0], control[1])
+        deadline = time.monotonic() + timeout
+        while not self.frozen(sandbox_id):
+            if time.monotonic() > deadline:
+                raise CgroupError(f"sandbox {sandbox_id!r} did not freeze within {timeout}s "
+                                  "(a process in uninterruptible sleep?); retry")
+            time.sleep(_POLL_S)
+
+    def thaw(self, sandbox_id: str) -> None:
+        control = self._freezer_control(sandbox_id)
+        if control is not None and control[0].exists():
+            _write(control[0], control[2])
+
+    def frozen(self, sandbox_id: str) -> bool:
+        if self._freezer is None:
+            return False
+        d = self._dir(self._freezer, sandbox_id)
+        if self._freezer.version == 1:
+            return (_read(d / "freezer.state") or "").strip() == "FROZEN"
+        return _keyed(_read(d / "cgroup.events"), "frozen") == 1
+
+    def _freeze_and_kill(self, sandbox_id: str, deadline: float) -> None:
+        """Freeze so the process list cannot change under us, SIGKILL it all, then thaw."""
+        control = self._freezer_control(sandbox_id)
+        if control is None or not control[0].exists():
             return
-        _write(control, frozen_value)
+        _write(control[0], control[1])
         try:
-            while not self._is_frozen(d) and time.monotonic() < deadline:
+            while not self.frozen(sandbox_id) and time.monotonic() < deadline:
                 time.sleep(_POLL_S)
             _signal_all(self.pids(sandbox_id))
         finally:
             # Frozen tasks only act on the pending SIGKILL once thawed.
-            _write(control, thawed_value)
-
-    def _is_frozen(self, d: Path) -> bool:
-        if self._freezer is not None and self._freezer.version == 1:
-            return (_read(d / "freezer.state") or "").strip() == "FROZEN"
-        return _keyed(_read(d / "cgroup.events"), "frozen") == 1
+            _write(control[0], control[2])
 
 
 def _cfs(cores: float) -> tuple[int, int]:

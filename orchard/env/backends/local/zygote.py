@@ -21,7 +21,7 @@ launch: making a user namespace takes a single-threaded process, which the orche
 Protocol: one JSON line per connection on a Unix socket, answered with one JSON line:
   {"holder": PID, "procs": [cgroup.procs paths], "env": {...}, "socket": PATH, "path": [...]}
   -> {"pid": PID} or {"error": "..."}
-  {"userns": {"uid": HOST_UID, "count": N, "lower": PATH}}
+  {"userns": {"uid": HOST_UID, "count": N, "lowers": [PATH, ...]}}
   -> {"ok": true} with two fds attached (SCM_RIGHTS): the user namespace mapping 0..N-1 to
      HOST_UID.., and a detached read-only mount of PATH id-mapped through it; or {"error": ...}
 The zygote exits when its lifeline (a pipe from the orchestrator) closes.
@@ -197,11 +197,11 @@ def _spawn(conn, req, seccomp):
 
 
 def _make_userns(conn, req):
-    """In the zygote's child: a user namespace for one sandbox and its image's id-mapped view,
-    sent back as two fds; then exit."""
+    """In the zygote's child: a user namespace for one sandbox and an id-mapped view of each of
+    its lower layers (snapshots, then the image), sent back as fds; then exit."""
     fds = []
     try:
-        uid, count, lower = int(req["uid"]), int(req["count"]), req["lower"]
+        uid, count, lowers = int(req["uid"]), int(req["count"]), list(req["lowers"])
         made_r, made_w = os.pipe()
         done_r, done_w = os.pipe()
         pid = os.fork()
@@ -228,17 +228,18 @@ def _make_userns(conn, req):
             os.write(done_w, b"x")
             with contextlib.suppress(ChildProcessError):  # SIGCHLD is ignored: reaped already
                 os.waitpid(pid, 0)
-        tree = _libc.syscall(SYS_OPEN_TREE, -100, lower.encode(),
-                             OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
-        _check(tree, "open_tree")
-        fds.append(tree)
-        # Read-only too: the overlay only reads its lower layer, and this view must never
-        # let anything write the shared image as the sandbox's root.
-        attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, 0, 0, fds[0])
-        _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE,
-                             ctypes.byref(attr), ctypes.sizeof(attr)),
-               f"id-mapping {lower} (mount_setattr; does its filesystem support id-mapped "
-               "mounts?)")
+        for lower in lowers:
+            tree = _libc.syscall(SYS_OPEN_TREE, -100, lower.encode(),
+                                 OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+            _check(tree, "open_tree")
+            fds.append(tree)
+            # Read-only too: the overlay only reads its lower layers, and this view must never
+            # let anything write the shared image or snapshot as the sandbox's root.
+            attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, 0, 0, fds[0])
+            _check(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE,
+                                 ctypes.byref(attr), ctypes.sizeof(attr)),
+                   f"id-mapping {lower} (mount_setattr; does its filesystem support id-mapped "
+                   "mounts?)")
         reply, ancillary = {"ok": True}, fds
     except BaseException as e:  # noqa: BLE001 - any failure goes back to the orchestrator
         reply, ancillary = {"error": f"{type(e).__name__}: {e}"}, []

@@ -13,7 +13,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 
-from orchard.env.schema import Job, JobStatus, SandboxEvent, SandboxInfo, SandboxStatus
+from orchard.env.schema import (
+    Job,
+    JobStatus,
+    SandboxEvent,
+    SandboxInfo,
+    SandboxStatus,
+    SnapshotInfo,
+)
 from orchard.env.state.base import StoreUnavailable
 from orchard.env.state.redis import lock
 from orchard.env.state.redis._net import (
@@ -205,6 +212,22 @@ class RedisStore:
         pipe.zrem(self._k("sandboxes", "updated"), sandbox_id)
         pipe.zrem(self._k("sandboxes", "deleted"), sandbox_id)
         await self._call(pipe.execute)
+
+    async def put_snapshot(self, info: SnapshotInfo) -> None:
+        await self._call(self._redis.hset, self._k("snapshots"), info.snapshot_id,
+                         info.model_dump_json())
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotInfo | None:
+        data = await self._call(self._redis.hget, self._k("snapshots"), snapshot_id)
+        return None if data is None else SnapshotInfo.model_validate_json(data)
+
+    async def list_snapshots(self) -> list[SnapshotInfo]:
+        rows = await self._call(self._redis.hvals, self._k("snapshots"))
+        return sorted((SnapshotInfo.model_validate_json(r) for r in rows),
+                      key=lambda s: s.created_at)
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        await self._call(self._redis.hdel, self._k("snapshots"), snapshot_id)
 
     async def put_job(self, job: Job) -> None:
         jid = job.job_id
