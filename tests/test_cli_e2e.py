@@ -172,6 +172,29 @@ def test_shell_in_a_terminal(orchestrator: str, sid: str) -> None:
     assert done == pid and os.waitstatus_to_exitcode(status) == 0, (status, out)
 
 
+def test_snapshot_fork_pause_resume(orchard, sid: str) -> None:
+    assert orchard("sandbox", "exec", sid, "--shell", "echo cli > /workspace/s").returncode == 0
+    r = orchard("sandbox", "snapshot", sid, "--label", "cli=snap")
+    assert r.returncode == 0 and re.fullmatch(r"snap-[0-9a-f]{12}\n", r.stdout), r
+    snap = r.stdout.strip()
+    assert snap in orchard("snapshot", "ls", "--label", "cli=snap").stdout
+    r = orchard("sandbox", "create", "--from-snapshot", snap)
+    assert r.returncode == 0, r.stderr
+    copy = r.stdout.strip()
+    r = orchard("sandbox", "fork", copy, "-n", "2")
+    assert r.returncode == 0 and len(ID.findall(r.stdout)) == 2, r
+    for made in (copy, *ID.findall(r.stdout)):
+        assert orchard("sandbox", "exec", made, "--", "cat", "/workspace/s").stdout == "cli\n"
+    assert orchard("sandbox", "pause", copy).stdout == "paused\n"
+    assert_one_line_error(orchard("sandbox", "exec", copy, "--", "true"), "paused", "resume")
+    assert orchard("sandbox", "resume", copy).stdout == "running\n"
+    assert orchard("sandbox", "rm", copy, *ID.findall(r.stdout)).returncode == 0
+    assert orchard("snapshot", "rm", snap).stdout == f"{snap}\n"
+    assert_one_line_error(orchard("snapshot", "rm", snap), snap, "no such snapshot")
+    assert_one_line_error(orchard("sandbox", "create", "--from-snapshot", "snap-none"),
+                          "snap-none")
+
+
 def test_rm_removes_it(orchard, orchestrator: str, sid: str) -> None:
     r = orchard("sandbox", "rm", sid)
     assert (r.returncode, r.stdout) == (0, f"{sid}\n"), r.stderr
@@ -179,3 +202,4 @@ def test_rm_removes_it(orchard, orchestrator: str, sid: str) -> None:
     listing = httpx.get(f"{orchestrator}/sandboxes", timeout=30).json()["sandboxes"]
     assert sid not in [sb["sandbox_id"] for sb in listing]
     assert_one_line_error(orchard("sandbox", "exec", sid, "--", "true"), sid)
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
@@ -70,21 +71,22 @@ def teacher_run(client: SandboxClient, family: list[Task], agent_config: dict,
 
 
 def _annotator(client: SandboxClient, family: list[Task], server: TeacherServer,
-               agent_config: dict) -> MonteCarloAnnotator:
+               agent_config: dict, restore: Literal["fork", "replay"]) -> MonteCarloAnnotator:
     continuation = AgentContinuation(client, f"{server.url}/v1", "teacher", config=agent_config)
-    return MonteCarloAnnotator(client, family, continuation, k=1)
+    return MonteCarloAnnotator(client, family, continuation, k=1, restore=restore)
 
 
-@pytest.mark.parametrize("solve", [0.0, 1.0])
+# Forks of one replay (the default) and one replay per continuation must agree.
+@pytest.mark.parametrize(("solve", "restore"), [(0.0, "fork"), (1.0, "fork"), (0.0, "replay")])
 def test_monte_carlo_values_follow_the_restored_state(
         client: SandboxClient, family: list[Task], teacher_run: dict[str, Trajectory],
-        agent_config: dict, solve: float) -> None:
+        agent_config: dict, solve: float, restore: Literal["fork", "replay"]) -> None:
     # solve=0: the continuation submits the workspace as it is, so V(s_t) says exactly whether
     # the replayed state at step t is already fixed; solve=1: it finishes the solving script.
     policy = hedged_teacher(family, solve, seed=0)
     with TeacherServer(FunctionPolicy(policy), load_tokenizer(TEST_TOKENIZER),
                        model_name="teacher") as server:
-        annotator = _annotator(client, family, server, agent_config)
+        annotator = _annotator(client, family, server, agent_config, restore)
         curves = {name: annotator.annotate(traj) for name, traj in teacher_run.items()}
     # Steps: look, fix, submit | look, fix, break, submit | look, wrong fix, submit.
     if solve == 0.0:

@@ -12,7 +12,14 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import redis.asyncio as aioredis
 
-from orchard.env.schema import Job, JobStatus, SandboxInfo, SandboxStatus
+from orchard.env.schema import (
+    Job,
+    JobStatus,
+    SandboxInfo,
+    SandboxStatus,
+    SnapshotInfo,
+    SnapshotStatus,
+)
 from orchard.env.state import (
     LockLost,
     LockTimeout,
@@ -65,6 +72,26 @@ def prefix_of(url: str) -> str:
 
 
 # --- records ------------------------------------------------------------------------------
+
+
+async def test_snapshot_round_trip(make_store: MakeStore) -> None:
+    store = make_store()
+    assert await store.get_snapshot("s1") is None
+    made = [SnapshotInfo(snapshot_id=f"s{i}", sandbox_id="sb", image="host",
+                         status=SnapshotStatus.ready, size_bytes=i,
+                         created_at=datetime.fromtimestamp(1000 + i, UTC), labels={"k": "v"})
+            for i in (2, 1)]
+    for info in made:
+        await store.put_snapshot(info)
+    assert await store.get_snapshot("s1") == made[1]
+    assert [s.snapshot_id for s in await store.list_snapshots()] == ["s1", "s2"]  # by age
+    again = make_store()  # a restart, or another replica
+    gone = made[0].model_copy(update={"status": SnapshotStatus.deleted})
+    await again.put_snapshot(gone)
+    assert await store.get_snapshot("s2") == gone
+    await again.drop_snapshot("s2")
+    assert [s.snapshot_id for s in await store.list_snapshots()] == ["s1"]
+    await again.drop_snapshot("missing")  # dropping nothing is no error
 
 
 async def test_sandbox_round_trip(store: StateStore) -> None:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -65,6 +65,8 @@ class DemoConfig:
     """How often the continuation teacher solves from where it is handed over."""
     mc_max: int = 10
     """Unresolved trajectories to annotate (the rest are not trained on)."""
+    mc_restore: Literal["fork", "replay"] = "fork"
+    """How each continuation gets s_t: "fork" (one replay, k forks) or "replay" (k replays)."""
     eps: float = 0.05
     eval_n: int = 4
     model: str | None = None
@@ -169,7 +171,8 @@ class Demo:
             continuation = AgentContinuation(self.client, f"{server.url}/v1", "teacher",
                                              config=self.agent_config)
             annotator = MonteCarloAnnotator(self.client, self.train, continuation,
-                                            k=self.config.mc_k)
+                                            k=self.config.mc_k,
+                                            restore=self.config.mc_restore)
             for traj in trajectories:
                 curve = annotator.annotate(traj)
                 segments[traj.rollout_id] = curve.rise_segments(self.config.eps)

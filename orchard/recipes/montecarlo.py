@@ -1,9 +1,10 @@
 """Measured value curves: V(s_t) as the share of fresh continuations from s_t that resolve.
 
 For a key step t of a recorded rollout: replay the rollout's sandbox side up to s_t (every
-action before the t-th model call) in a fresh sandbox, hand that sandbox and the conversation
-up to s_t to a continuation policy, grade the patch it leaves in another fresh sandbox, and
-repeat k times. The final state's value is the observed outcome. Between key steps the curve
+action before the t-th model call) in a fresh sandbox once, fork it k times, hand each fork
+and the conversation up to s_t to a continuation policy, and grade the patch it leaves in
+another fresh sandbox. (``restore="replay"`` replays once per continuation instead, as before
+forks existed.) The final state's value is the observed outcome. Between key steps the curve
 is interpolated, as for the retrospective annotator.
 
     annotator = MonteCarloAnnotator(client, tasks, AgentContinuation(client, url, "policy"))
@@ -13,8 +14,8 @@ is interpolated, as for the retrospective annotator.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal, Protocol
 
 from orchard.env.client import OrchardError, Sandbox, SandboxClient
 from orchard.env.schema import EventKind
@@ -96,11 +97,15 @@ class MonteCarloAnnotator:
     source = "monte_carlo"
 
     def __init__(self, client: SandboxClient, tasks: Mapping[str, Task] | Sequence[Task],
-                 continuation: Continuation, *, k: int = 4, max_points: int = 8) -> None:
+                 continuation: Continuation, *, k: int = 4, max_points: int = 8,
+                 restore: Literal["fork", "replay"] = "fork") -> None:
         if k < 1:
             raise ValueError("k (continuations per key state) must be >= 1")
+        if restore not in ("fork", "replay"):
+            raise ValueError(f"restore must be 'fork' or 'replay', not {restore!r}")
         self.client, self.continuation, self.k, self.max_points = client, continuation, k, \
             max_points
+        self.restore = restore
         self.tasks = dict(tasks) if isinstance(tasks, Mapping) else {
             t.instance_id: t for t in tasks}
 
@@ -114,20 +119,42 @@ class MonteCarloAnnotator:
         history = traj.messages[:traj.steps[step]]
         labels = {MC_LABEL: traj.rollout_id}
         outcomes = []
-        for sample in range(self.k):
-            report = replay(trace, self.client, sandbox_id=sid, until=seq, keep=True,
-                            labels=labels)
-            if broken := _broken(report):
-                _delete(self.client, report.sandbox_ids.values())
-                raise RuntimeError(f"replaying {traj.rollout_id} to step {step} did not "
-                                   f"restore its state: {broken}")
+        for sample, sandbox in enumerate(self._states(trace, sid, seq, step, labels)):
             try:
-                sandbox = self.client.get_sandbox(report.sandbox_ids[sid])
                 patch = self.continuation(task, sandbox, history, sample)
             finally:
-                _delete(self.client, report.sandbox_ids.values())
+                _delete(self.client, [sandbox.id])
             outcomes.append(grade(self.client, task, patch, labels=labels).outcome)
         return sum(o == "resolved" for o in outcomes) / self.k, outcomes
+
+    def _states(self, trace: Trace, sid: str, seq: int | None, step: int,
+                labels: dict[str, str]) -> Iterator[Sandbox]:
+        """k sandboxes in the state s_step, each the caller's to delete: forks of one replay,
+        or one replay each."""
+        if self.restore == "replay":
+            for _ in range(self.k):
+                yield self._replayed(trace, sid, seq, step, labels)
+            return
+        source = self._replayed(trace, sid, seq, step, labels)
+        try:
+            pending = source.fork(self.k, labels=labels)
+        finally:
+            _delete(self.client, [source.id])
+        try:
+            while pending:
+                yield pending.pop(0)
+        finally:  # the caller stopped early: the forks it never got are ours to delete
+            _delete(self.client, [f.id for f in pending])
+
+    def _replayed(self, trace: Trace, sid: str, seq: int | None, step: int,
+                  labels: dict[str, str]) -> Sandbox:
+        report = replay(trace, self.client, sandbox_id=sid, until=seq, keep=True,
+                        labels=labels)
+        if broken := _broken(report):
+            _delete(self.client, report.sandbox_ids.values())
+            raise RuntimeError(f"replaying {trace.rollout_id} to step {step} did not restore "
+                               f"its state: {broken}")
+        return self.client.get_sandbox(report.sandbox_ids[sid])
 
     def annotate(self, traj: Trajectory) -> ValueCurve:
         trace = traj.trace()

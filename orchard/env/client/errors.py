@@ -61,7 +61,8 @@ class SandboxNotReady(ConflictError):
 
 
 class PayloadTooLarge(APIError):
-    """413: the body (an upload, a patch, stdin) is over the server's limit."""
+    """413: over a size limit of the server: a body (an upload, a patch, stdin), or what a
+    sandbox wrote, for a snapshot."""
 
 
 class ServerError(APIError):
