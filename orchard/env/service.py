@@ -122,6 +122,10 @@ class SandboxService(ExecJobs, Branching):
         pending = [*self._teardowns.values(), *self._launches.values(), *self._tasks]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if delete_all and not self.store.shared:  # an embedded orchestrator's go with it
+            for snap in await self.store.list_snapshots():
+                await self.delete_snapshot(snap.snapshot_id)
+            await self.collect_snapshots(time.time())  # those deleted earlier, unused now
         for agent in self._agents.values():
             await agent.close()
         self._agents.clear()

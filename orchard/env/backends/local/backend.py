@@ -43,7 +43,7 @@ from orchard.env.backends.base import (
 from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore
-from orchard.env.backends.local.launch import CTL_MOUNT, USER_PATH, Launcher
+from orchard.env.backends.local.launch import CTL_MOUNT, LAUNCH_VIEW, USER_PATH, Launcher
 from orchard.env.backends.local.relay import MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.backends.local.snapshots import SnapshotLayers
@@ -401,7 +401,9 @@ class LocalBackend:
         if launcher not in self.cgroups.pids(sandbox_id):
             raise BackendError(f"sandbox {sandbox_id}: its disk's mount is gone (the launcher "
                                "exited); delete and recreate it")
-        return Path(f"/proc/{launcher}/root") / (sdir / quota.DISK_DIR / "upper").relative_to("/")
+        # There the data dir is seen at LAUNCH_VIEW (see launch.sh).
+        inside = LAUNCH_VIEW / (sdir / quota.DISK_DIR / "upper").relative_to(self.data_dir)
+        return Path(f"/proc/{launcher}/root") / inside.relative_to("/")
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         return await asyncio.to_thread(self.snapshots.delete, snapshot_id)
