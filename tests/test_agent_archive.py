@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -247,4 +248,31 @@ async def test_signal_stops_and_continues_every_process(agent: AgentClient,
     finally:
         await agent.signal_all("CONT")
         await agent.process(info["process_id"], "DELETE")  # its whole tree, the loop included
+        await agent.close()
+
+
+async def test_freeze_stops_running_processes_only_while_archiving(
+        agent: AgentClient, tmp_path: Path) -> None:
+    conts = tmp_path / "conts"
+    # Its SIGCONT trap shows it was stopped and continued; the paused one must stay stopped.
+    running = await agent.start_process({
+        "command": f"trap 'echo cont >> {conts}' CONT; while :; do sleep 0.02; done",
+        "cwd": str(tmp_path)})
+    paused = await agent.start_process({"command": "while :; do sleep 0.02; done",
+                                        "cwd": str(tmp_path)})
+    try:
+        time.sleep(0.2)  # the trap is set once bash has read its command
+        os.kill(paused["pid"], signal.SIGSTOP)  # as a user's pause would
+        assert wait_until(lambda: proc_state(paused["pid"]) == "T", 5)
+        await agent.get_archive([str(tmp_path)], tmp_path.parent / "frozen.tar", freeze=True)
+        assert wait_until(lambda: conts.exists() and conts.read_text() == "cont\n", 5)
+        assert proc_state(running["pid"]) != "T"
+        assert proc_state(paused["pid"]) == "T"  # not continued: it was not the archive's
+        await agent.get_archive([str(tmp_path)], tmp_path.parent / "plain.tar")
+        time.sleep(0.3)
+        assert conts.read_text() == "cont\n"  # without freeze, nobody is stopped
+    finally:
+        os.kill(paused["pid"], signal.SIGCONT)
+        for p in (running, paused):
+            await agent.process(p["process_id"], "DELETE")
         await agent.close()

@@ -310,8 +310,9 @@ class AgentClient:
         return await self._call("POST", "/patch", json_body=req)
 
     async def get_archive(self, paths: list[str], dest: Path, max_bytes: int | None = None,
-                          timeout: float = 300.0) -> int:
+                          timeout: float = 300.0, freeze: bool = False) -> int:
         """Write a tar of the sandbox's paths (those that exist) to dest; return its size.
+        With freeze, the sandbox's running processes are stopped while the agent archives.
 
         ``timeout`` bounds each wait, the first included: with max_bytes the agent walks the
         trees before it answers. A 413 (over max_bytes) comes as AgentError before dest is
@@ -321,6 +322,8 @@ class AgentClient:
         params: list[tuple[str, Any]] = [("path", p) for p in paths]
         if max_bytes is not None:
             params.append(("max_bytes", max_bytes))
+        if freeze:
+            params.append(("freeze", "1"))
         r = await self.request("GET", "/archive", params=params, deadline=timeout)
         if r.status_code >= 400:
             raise AgentError(r.status_code, _detail(await r.aread()))

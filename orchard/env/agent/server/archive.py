@@ -105,9 +105,20 @@ class _Exactly:
 def send_archive(c: Conn, query: dict[str, list[str]]) -> None:
     """GET /archive: a tar stream of the paths (skipping those that do not exist), with
     numeric owners and symlinks as symlinks. With max_bytes, a 413 before anything is sent
-    when the regular files add up to more."""
-    tarfile = _tarfile()
+    when the regular files add up to more. With freeze=1, the sandbox's running processes are
+    stopped until the archive is complete, so that it is one moment's state."""
     roots = archive_roots(query.get("path", []))
+    frozen = set()
+    if query.get("freeze", [""])[-1] in ("1", "true"):
+        frozen = _signal(signal.SIGSTOP, leave_stopped=True)[0]
+    try:
+        _send_archive(c, query, roots)
+    finally:
+        _continue(frozen)
+
+
+def _send_archive(c, query, roots):
+    tarfile = _tarfile()
     if "max_bytes" in query:
         try:
             limit = int(query["max_bytes"][-1])
@@ -290,18 +301,19 @@ def _state(pid):
     return stat[stat.rindex(b")") + 2 :].split()[0]
 
 
-def signal_all(req) -> Signalled:
-    """POST /signal: STOP or CONT every process of the sandbox but the agent. A STOP repeats
-    until a pass finds nothing new and everything signalled has stopped, so a process forked
-    while the first pass ran is stopped too. Processes the agent may not signal (another uid,
-    and no CAP_KILL) are counted in ``not_permitted``."""
-    name = req.get("signal")
-    if name not in _SIGNALS:
-        raise HTTPError(400, f"signal must be one of {', '.join(_SIGNALS)}, got {name!r}")
-    sig, done, signalled, refused = _SIGNALS[name], set(), set(), set()
+def _signal(sig, leave_stopped=False):
+    """Send sig to every process of the sandbox but the agent: (signalled, refused) pids.
+
+    A STOP repeats until a pass finds nothing new and everything signalled has stopped, so a
+    process forked while the first pass ran is stopped too. With leave_stopped, processes
+    already stopped (paused, or by job control) are left out, so that a CONT of what this
+    returns lets only those run on that were running."""
+    done, signalled, refused = set(), set(), set()
     for _ in range(200):
         new = _targets() - done
         for pid in new:
+            if leave_stopped and _state(pid) in (b"T", b"t"):
+                continue
             try:
                 os.kill(pid, sig)
                 signalled.add(pid)
@@ -315,4 +327,20 @@ def signal_all(req) -> Signalled:
         if not new and all(_state(pid) in (None, b"T", b"t", b"Z", b"X") for pid in signalled):
             break
         time.sleep(0.005)
+    return signalled, refused
+
+
+def _continue(pids):
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def signal_all(req) -> Signalled:
+    """POST /signal: STOP or CONT every process of the sandbox but the agent. Processes the
+    agent may not signal (another uid, and no CAP_KILL) are counted in ``not_permitted``."""
+    name = req.get("signal")
+    if name not in _SIGNALS:
+        raise HTTPError(400, f"signal must be one of {', '.join(_SIGNALS)}, got {name!r}")
+    signalled, refused = _signal(_SIGNALS[name])
     return {"signalled": len(signalled), "not_permitted": len(refused)}

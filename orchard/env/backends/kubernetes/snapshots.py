@@ -58,7 +58,10 @@ class PodSnapshots:
         # and readers only ever see a complete archive (the rename is atomic).
         partial = tar.with_name(f"{tar.name}.partial-{uuid.uuid4().hex[:12]}")
         try:
-            size = await agent.get_archive(self.paths, partial, max_bytes, timeout=self.timeout)
+            # Frozen while it is archived: a consistent state even while processes run (those
+            # already paused stay paused).
+            size = await agent.get_archive(self.paths, partial, max_bytes, timeout=self.timeout,
+                                           freeze=True)
             await asyncio.to_thread(partial.rename, tar)
         except AgentError as e:
             if e.status == 413:
