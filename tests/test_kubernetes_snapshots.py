@@ -109,6 +109,7 @@ async def read(agent: AgentClient, path: str) -> bytes:
 async def test_a_new_sandbox_starts_from_the_snapshot(backend: KubernetesBackend,
                                                       snapshot_dir: Path) -> None:
     assert isinstance(backend, Backend)
+    assert str(snapshot_dir) in backend.describe()["snapshots"]
     async with sandbox(backend) as (sid, agent):
         await sh(agent, "mkdir -p /workspace/src/empty /home/dev && "
                         "echo kept > /workspace/src/kept.txt && "
@@ -218,6 +219,7 @@ async def test_without_a_snapshot_dir_it_says_what_to_set(cluster: FakeCluster) 
         with pytest.raises(BackendError, match="kubernetes.snapshot_dir"):
             await backend.snapshot("any-sandbox", "s", parent=None, max_bytes=1)
         assert await backend.list_snapshots() == set()
+        assert "off: set kubernetes.snapshot_dir" in backend.describe()["snapshots"]
 
 
 async def test_pause_of_a_sandbox_without_a_pod_says_so(backend: KubernetesBackend) -> None:

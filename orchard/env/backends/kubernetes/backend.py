@@ -169,7 +169,10 @@ class KubernetesBackend:
         return {"backend": "kubernetes", "namespace": self.config.namespace,
                 "informer": "synced" if self.informer.synced else
                 f"not synced: {self.informer.last_error}",
-                "api_calls": ", ".join(f"{k}={v}" for k, v in sorted(self.api.counts.items()))}
+                "api_calls": ", ".join(f"{k}={v}" for k, v in sorted(self.api.counts.items())),
+                "snapshots": f"tar of {', '.join(self.snapshots.paths)} in {self.snapshots.dir}"
+                if self.snapshots.dir else "off: set kubernetes.snapshot_dir",
+                "pause": "SIGSTOP/SIGCONT of the pod's processes"}
 
     # --- sandboxes ------------------------------------------------------------------------
 
