@@ -16,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import struct
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from pathlib import Path
 from types import EllipsisType
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from orchard.env.agent.server.protocol import (
+    ArchiveRestored,
     DirListing,
     ExecEvent,
     ExecRequest,
@@ -36,11 +39,13 @@ from orchard.env.agent.server.protocol import (
     ProcessList,
     ProcessOutput,
     ProcessRequest,
+    Signalled,
 )
 
 _PTY_FRAME = struct.Struct(">BI")
 _CHUNK = 1 << 16
 _MAX_IDLE = 8
+_FILE_BLOCK = 1 << 20  # archives move to and from disk in blocks this big, off the event loop
 _T = TypeVar("_T")
 
 
@@ -157,7 +162,8 @@ class AgentClient:
         else:
             conn[1].close()
 
-    async def request(self, method: str, path: str, params: dict[str, Any] | None = None,
+    async def request(self, method: str, path: str,
+                      params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
                       json_body: Any = None, content: bytes | AsyncIterator[bytes] | None = None,
                       extra_headers: str = "", deadline: float | None | EllipsisType = ...
                       ) -> AgentResponse:
@@ -302,6 +308,56 @@ class AgentClient:
 
     async def patch(self, req: PatchRequest) -> PatchResult:
         return await self._call("POST", "/patch", json_body=req)
+
+    async def get_archive(self, paths: list[str], dest: Path, max_bytes: int | None = None,
+                          timeout: float = 300.0, freeze: bool = False) -> int:
+        """Write a tar of the sandbox's paths (those that exist) to dest; return its size.
+        With freeze, the sandbox's running processes are stopped while the agent archives.
+
+        ``timeout`` bounds each wait, the first included: with max_bytes the agent walks the
+        trees before it answers. A 413 (over max_bytes) comes as AgentError before dest is
+        created; a stream cut short raises AgentUnreachable and leaves dest partial, for the
+        caller to remove.
+        """
+        params: list[tuple[str, Any]] = [("path", p) for p in paths]
+        if max_bytes is not None:
+            params.append(("max_bytes", max_bytes))
+        if freeze:
+            params.append(("freeze", "1"))
+        r = await self.request("GET", "/archive", params=params, deadline=timeout)
+        if r.status_code >= 400:
+            raise AgentError(r.status_code, _detail(await r.aread()))
+        size = 0
+        with await asyncio.to_thread(open, dest, "wb") as f:
+            block: list[bytes] = []
+            pending = 0
+            async for chunk in r.aiter_raw():
+                block.append(chunk)
+                pending += len(chunk)
+                if pending >= _FILE_BLOCK:
+                    await asyncio.to_thread(f.write, b"".join(block))
+                    size, block, pending = size + pending, [], 0
+            await asyncio.to_thread(f.write, b"".join(block))
+            await asyncio.to_thread(f.flush)
+            await asyncio.to_thread(os.fsync, f.fileno())
+        return size + pending
+
+    async def put_archive(self, src: Path, timeout: float = 300.0) -> ArchiveRestored:
+        """Stream the tar at src into the sandbox, each tree in it replacing what is there."""
+        f = await asyncio.to_thread(open, src, "rb")
+
+        async def blocks() -> AsyncIterator[bytes]:
+            while data := await asyncio.to_thread(f.read, _FILE_BLOCK):
+                yield data
+
+        try:
+            return await self._call("PUT", "/archive", content=blocks(), deadline=timeout)
+        finally:
+            f.close()
+
+    async def signal_all(self, sig: str) -> Signalled:
+        """STOP or CONT every process of the sandbox but the agent (pause and resume)."""
+        return await self._call("POST", "/signal", json_body={"signal": sig})
 
     async def open_pty(self, argv: list[str], cols: int, rows: int,
                        env: dict[str, str] | None = None, cwd: str | None = None) -> PtyChannel:

@@ -15,6 +15,15 @@ Wire protocol (the orchestrator's ``agent.client`` is the other side):
   PUT  /files?path=&mode=  (raw body)   GET /files?path= (raw)   DELETE /files?path=&recursive=
   GET  /files/list?path=                POST /files/mkdir?path=
   POST /patch       {patch, cwd, timeout}
+  GET  /archive?path=P&path=Q[&max_bytes=N][&freeze=1]  -> chunked tar (PAX, numeric owners,
+                    symlinks kept as symlinks) of the paths that exist; 413 before any byte is
+                    sent when their regular files add up to more than max_bytes; freeze stops
+                    the running processes until the archive is complete
+  PUT  /archive     (tar body)          -> {paths, files}: each tree in it replaces what is at
+                    its path (a directory's contents, when it is a mount point), with owners,
+                    modes and mtimes; members with '..' or writing through its own symlinks: 400
+  POST /signal      {signal: STOP|CONT} -> {signalled, not_permitted}: every process of the
+                    sandbox but the agent (pause and resume where there is no cgroup freezer)
   GET  /pty?argv=JSON&cols=&rows=  with "Upgrade: orchard-pty" -> 101, then framed bytes both
                     ways: [type u8][len u32][payload]; types: 0 data, 1 resize "cols,rows",
                     2 exit "code".

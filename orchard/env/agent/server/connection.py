@@ -8,6 +8,7 @@ import os
 import threading
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from .archive import receive_archive, send_archive, signal_all
 from .common import CHUNK, DRAIN_LIMIT, WORKDIR, HTTPError, resolve
 from .execution import PROCESSES, BackgroundProcess, run_exec
 from .files import apply_patch, list_dir, remove_path, send_file, write_file
@@ -33,6 +34,7 @@ class Conn:
         self.body_done = True
         self.responded = False
         self.expects_continue = False
+        self.query_all = {}
 
     def send(self, status, body=b"", ctype="application/json", headers=()):
         self.responded = True
@@ -125,7 +127,8 @@ class Conn:
         self.responded = False
         self.expects_continue = headers.get("expect", "").lower() == "100-continue"
         url = urlsplit(target)
-        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        self.query_all = parse_qs(url.query)  # every value, for parameters given repeatedly
+        query = {k: v[-1] for k, v in self.query_all.items()}
         path = unquote(url.path)
         try:
             if path == "/health" and method == "GET" and self.token:
@@ -256,6 +259,12 @@ def route(c, method, path, query, headers):
         c.send_json({"path": target})
     elif path == "/patch" and method == "POST":
         c.send_json(apply_patch(c.json_body(headers)))
+    elif path == "/archive" and method == "GET":
+        send_archive(c, c.query_all)
+    elif path == "/archive" and method == "PUT":
+        c.send_json(receive_archive(c, headers))
+    elif path == "/signal" and method == "POST":
+        c.send_json(signal_all(c.json_body(headers)))
     elif path == "/pty":
         run_pty(c, query)
         return False

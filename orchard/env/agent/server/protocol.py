@@ -132,3 +132,23 @@ class PatchResult(TypedDict):
     stderr: str
     exit_code: int
     attempts: list[str]
+
+
+class ArchiveRestored(TypedDict):
+    """PUT /archive (a tar body): the trees it replaced, and how many regular files it wrote."""
+
+    paths: list[str]
+    files: int
+
+
+class SignalRequest(TypedDict):
+    """POST /signal: STOP pauses every process of the sandbox but the agent, CONT resumes."""
+
+    signal: str
+
+
+class Signalled(TypedDict):
+    """POST /signal's answer; ``not_permitted`` counts processes the agent may not signal."""
+
+    signalled: int
+    not_permitted: int

@@ -15,13 +15,21 @@ import logging
 import os
 import secrets
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, NetworkingV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from orchard.env.backends.base import BackendError, SandboxHandle, SandboxSpec, SpecRejected
+from orchard.env.agent.client import AgentClient
+from orchard.env.backends.base import (
+    BackendError,
+    SandboxHandle,
+    SandboxSpec,
+    SnapshotMade,
+    SpecRejected,
+)
 from orchard.env.backends.kubernetes.calls import ApiCaller, not_found
 from orchard.env.backends.kubernetes.config import KubernetesConfig
 from orchard.env.backends.kubernetes.informer import NotSynced, Pod, PodInformer
@@ -35,6 +43,7 @@ from orchard.env.backends.kubernetes.manifests import (
     model_egress_policy,
     pod_manifest,
 )
+from orchard.env.backends.kubernetes.snapshots import PodSnapshots, signal_pod
 from orchard.env.schema import LimitReport, parse_egress_entry
 
 log = logging.getLogger("orchard.env.kubernetes")
@@ -90,6 +99,7 @@ class KubernetesBackend:
         self.api = ApiCaller(config.max_api_concurrency, config.api_retries, config.api_timeout)
         self._client: ApiClient | None = None
         self._informer_task: asyncio.Task[None] | None = None
+        self.snapshots = PodSnapshots(config)
 
     # --- start / stop -------------------------------------------------------------------
 
@@ -159,7 +169,10 @@ class KubernetesBackend:
         return {"backend": "kubernetes", "namespace": self.config.namespace,
                 "informer": "synced" if self.informer.synced else
                 f"not synced: {self.informer.last_error}",
-                "api_calls": ", ".join(f"{k}={v}" for k, v in sorted(self.api.counts.items()))}
+                "api_calls": ", ".join(f"{k}={v}" for k, v in sorted(self.api.counts.items())),
+                "snapshots": f"tar of {', '.join(self.snapshots.paths)} in {self.snapshots.dir}"
+                if self.snapshots.dir else "off: set kubernetes.snapshot_dir",
+                "pause": "SIGSTOP/SIGCONT of the pod's processes"}
 
     # --- sandboxes ------------------------------------------------------------------------
 
@@ -177,6 +190,9 @@ class KubernetesBackend:
                 f"egress host names ({', '.join(names)}) cannot be expressed in a Kubernetes "
                 "NetworkPolicy, which matches addresses only; give IP addresses or CIDR "
                 "networks on this backend (the local backend takes names)")
+        if spec.snapshot is not None and self.snapshots.dir is None:
+            raise SpecRejected("this orchestrator keeps no snapshots on Kubernetes: set "
+                               "kubernetes.snapshot_dir to a volume mounted into it")
 
     def _handle(self, pod: Pod) -> SandboxHandle:
         ip, sid = pod["status"]["podIP"], pod["metadata"]["name"]
@@ -191,6 +207,21 @@ class KubernetesBackend:
         )
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        if spec.snapshot is not None:
+            self.snapshots.require(spec.snapshot)  # before any pod: nothing to clean up
+        handle = await self._create_pod(spec)
+        if spec.snapshot is not None:
+            try:
+                async with self._agent_for(handle) as agent:
+                    await self.snapshots.restore(agent, spec.sandbox_id, spec.snapshot)
+            except Exception:
+                # A sandbox without its snapshot's files must not be handed out, nor left.
+                with contextlib.suppress(BackendError):
+                    await self.delete(spec.sandbox_id)
+                raise
+        return handle
+
+    async def _create_pod(self, spec: SandboxSpec) -> SandboxHandle:
         ns, sid = self.config.namespace, spec.sandbox_id
         nonce = uuid.uuid4().hex
         body = pod_manifest(spec, self.config, agent_token(self._secret, sid), nonce)
@@ -260,6 +291,48 @@ class KubernetesBackend:
             # moment ago whose event has not reached this replica's watch yet.
             pod = await self._read_pod(sandbox_id)
         return self._handle(pod) if pod_ready(pod) else None
+
+    # --- snapshots and pause, through the pod's agent (see snapshots.py) ---------------------
+
+    @contextlib.asynccontextmanager
+    async def _agent_for(self, handle: SandboxHandle) -> AsyncIterator[AgentClient]:
+        agent = AgentClient(handle.address, token=handle.token)
+        try:
+            yield agent
+        finally:
+            await agent.close()
+
+    @contextlib.asynccontextmanager
+    async def _agent(self, sandbox_id: str) -> AsyncIterator[AgentClient]:
+        pod = self.informer.get(sandbox_id) or await self._read_pod(sandbox_id)
+        if not pod_ready(pod):
+            why = pod_problem(pod) or "its pod is not ready yet"
+            raise BackendError(f"sandbox {sandbox_id} cannot be reached: {why}; wait until it "
+                               "is running, or create it again")
+        assert pod is not None
+        async with self._agent_for(self._handle(pod)) as agent:
+            yield agent
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str, parent: str | None,
+                       max_bytes: int) -> SnapshotMade:
+        # parent does not matter here: every archive holds the whole kept paths.
+        self.snapshots.tar(snapshot_id)  # says what to configure before the pod is reached
+        async with self._agent(sandbox_id) as agent:
+            return await self.snapshots.take(agent, sandbox_id, snapshot_id, max_bytes)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await self.snapshots.delete(snapshot_id)
+
+    async def list_snapshots(self) -> set[str]:
+        return await self.snapshots.list()
+
+    async def pause(self, sandbox_id: str) -> None:
+        async with self._agent(sandbox_id) as agent:
+            await signal_pod(agent, sandbox_id, "STOP")
+
+    async def resume(self, sandbox_id: str) -> None:
+        async with self._agent(sandbox_id) as agent:
+            await signal_pod(agent, sandbox_id, "CONT")
 
     async def _read_pod(self, sandbox_id: str) -> Pod | None:
         try:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from orchard.version import __version__
 
 AGENT_PORT = 9090
+# The writable state a snapshot keeps by default: work, home directories and scratch space.
+SNAPSHOT_PATHS = ["/workspace", "/root", "/home", "/tmp", "/testbed"]
 
 
 class KubernetesConfig(BaseModel):
@@ -47,3 +49,23 @@ class KubernetesConfig(BaseModel):
     api_timeout: float = Field(30, gt=0, description="Seconds per API call.")
     watch_timeout: int = Field(300, ge=1, description="Seconds before a watch is renewed.")
     ready_timeout: float = Field(600, gt=0, description="Seconds a pod may take to be ready.")
+    snapshot_dir: str | None = Field(
+        None, description="Directory where snapshots are kept, one tar per snapshot: a volume "
+        "mounted into the orchestrator's pod (ReadWriteMany when there are several replicas, "
+        "since any replica may restore what another took). Unset: no snapshots or forks.")
+    snapshot_paths: list[str] = Field(
+        default_factory=lambda: list(SNAPSHOT_PATHS),
+        description="The absolute paths a snapshot keeps. Unlike the local backend, which keeps "
+        "every file a sandbox wrote, files outside these paths are not kept on Kubernetes.")
+    snapshot_timeout: float = Field(
+        300, gt=0, description="Seconds the agent may stay silent while it archives or "
+        "restores a snapshot (it walks the paths before it answers).")
+
+    @field_validator("snapshot_paths")
+    @classmethod
+    def _absolute_paths(cls, paths: list[str]) -> list[str]:
+        bad = [p for p in paths if not p.startswith("/") or p.rstrip("/") == ""]
+        if bad or not paths:
+            raise ValueError(f"snapshot_paths must be absolute paths other than '/', got "
+                             f"{bad or paths}; e.g. [/workspace, /root]")
+        return paths
