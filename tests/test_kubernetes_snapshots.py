@@ -30,6 +30,13 @@ from tests.conftest import needs_root, wait_until
 from tests.fakekube.apiserver import FakeApiServer
 from tests.fakekube.cluster import NAMESPACE as NS
 from tests.fakekube.cluster import FakeCluster
+from tests.test_kubernetes_backend import (
+    create,
+    create_ready,
+    kube_orchestrator,
+    paused_kubelet,
+    reconcile,
+)
 
 pytestmark = needs_root
 
@@ -225,3 +232,40 @@ async def test_without_a_snapshot_dir_it_says_what_to_set(cluster: FakeCluster) 
 async def test_pause_of_a_sandbox_without_a_pod_says_so(backend: KubernetesBackend) -> None:
     with pytest.raises(BackendError, match="snap-nowhere cannot be reached"):
         await backend.pause("snap-nowhere")
+
+
+# --- the same API as locally, through the orchestrator's REST routes --------------------------
+
+
+def test_rest_snapshot_fork_pause_on_kubernetes(cluster: FakeCluster,
+                                                snapshot_dir: Path) -> None:
+    with kube_orchestrator(cluster, snapshot_dir=str(snapshot_dir)) as http:
+        sid = create_ready(http, cluster.api)
+        r = http.post(f"/sandboxes/{sid}/exec", json={"command": "echo k8s > /workspace/f"})
+        assert r.json()["exit_code"] == 0, r.text
+        r = http.post(f"/sandboxes/{sid}/fork", json={"count": 2})
+        assert r.status_code == 200, r.text
+        forks = [s["sandbox_id"] for s in r.json()["sandboxes"]]
+        for fork in forks:
+            assert http.get(f"/sandboxes/{fork}/wait",
+                            params={"timeout": 60}).json()["status"] == "running"
+            r = http.post(f"/sandboxes/{fork}/exec", json={"command": "cat /workspace/f"})
+            assert r.json()["stdout"] == "k8s\n", r.text
+        assert http.post(f"/sandboxes/{sid}/pause").json()["status"] == "paused"
+        r = http.post(f"/sandboxes/{sid}/exec", json={"command": "true"})
+        assert r.status_code == 409 and "resume" in r.json()["detail"]
+        assert http.post(f"/sandboxes/{sid}/resume").json()["status"] == "running"
+        # The fork's snapshot goes once its forks started; its archive with it.
+        reconcile(http)
+        assert wait_until(lambda: not list(snapshot_dir.glob("*.tar")), 30), \
+            list(snapshot_dir.iterdir())
+        # A pending sandbox cannot be branched yet.
+        with paused_kubelet(cluster):
+            pending = create(http)
+            r = http.post(f"/sandboxes/{pending}/fork", json={"count": 1})
+            assert r.status_code == 409 and "pending" in r.json()["detail"], r.text
+            r = http.post(f"/sandboxes/{pending}/snapshot")
+            assert r.status_code == 409 and "pending" in r.json()["detail"], r.text
+        for made in (sid, pending, *forks):
+            http.delete(f"/sandboxes/{made}")
+
