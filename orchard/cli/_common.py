@@ -61,6 +61,26 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def delete_each(ids: list[str], delete: Callable[[str], bool], what: str, listing: str) -> None:
+    """Delete each id (``delete`` returns whether it existed), printing the ones deleted; one
+    error line for each failure, and exit 1 if any failed."""
+    failed = False
+    for item in ids:
+        try:
+            found = delete(item)
+        except OrchardError as exc:
+            stderr.print(f"[red]error:[/] {escape(item)}: {escape(str(exc))}")
+            failed = True
+            continue
+        if found:
+            typer.echo(item)
+        else:
+            stderr.print(f"[red]error:[/] {escape(item)}: no such {what} (see `{listing}`)")
+            failed = True
+    if failed:
+        raise typer.Exit(1)
+
+
 def parse_labels(pairs: list[str]) -> dict[str, str]:
     labels = {}
     for pair in pairs:

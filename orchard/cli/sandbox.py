@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from orchard.cli._common import friendly_errors, parse_labels, stderr
+from orchard.cli._common import delete_each, friendly_errors, parse_labels, stderr
 from orchard.env.client import OrchardError, PtySession
 
 app = typer.Typer(no_args_is_help=True, help="Create, use and delete sandboxes.")
@@ -226,23 +226,9 @@ def cp(
 @friendly_errors
 def rm(ctx: typer.Context, sandbox_ids: list[str]) -> None:
     """Delete sandboxes."""
-    failed = False
     with ctx.obj.client() as client:
-        for sandbox_id in sandbox_ids:
-            try:
-                found = client.delete_sandbox(sandbox_id).found
-            except OrchardError as exc:
-                stderr.print(f"[red]error:[/] {escape(sandbox_id)}: {escape(str(exc))}")
-                failed = True
-            else:
-                if not found:
-                    stderr.print(f"[red]error:[/] {escape(sandbox_id)}: no such sandbox "
-                                 "(see `orchard sandbox ls`)")
-                    failed = True
-                else:
-                    typer.echo(sandbox_id)
-    if failed:
-        raise typer.Exit(1)
+        delete_each(sandbox_ids, lambda sid: client.delete_sandbox(sid).found, "sandbox",
+                    "orchard sandbox ls")
 
 
 @app.command("snapshot")

@@ -7,11 +7,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from orchard.cli._common import friendly_errors, parse_labels, stderr
-from orchard.env.client import OrchardError
+from orchard.cli._common import delete_each, friendly_errors, parse_labels
 
 app = typer.Typer(no_args_is_help=True, help="List and delete snapshots.")
 
@@ -44,20 +42,6 @@ def ls(
 @friendly_errors
 def rm(ctx: typer.Context, snapshot_ids: list[str]) -> None:
     """Delete snapshots (sandboxes started from one keep running)."""
-    failed = False
     with ctx.obj.client() as client:
-        for snapshot_id in snapshot_ids:
-            try:
-                found = client.delete_snapshot(snapshot_id).found
-            except OrchardError as exc:
-                stderr.print(f"[red]error:[/] {escape(snapshot_id)}: {escape(str(exc))}")
-                failed = True
-                continue
-            if found:
-                typer.echo(snapshot_id)
-            else:
-                stderr.print(f"[red]error:[/] {escape(snapshot_id)}: no such snapshot "
-                             "(see `orchard snapshot ls`)")
-                failed = True
-    if failed:
-        raise typer.Exit(1)
+        delete_each(snapshot_ids, lambda sid: client.delete_snapshot(sid).found, "snapshot",
+                    "orchard snapshot ls")

@@ -69,22 +69,18 @@ class Conn:
                     self.rfile.readline()
                     self.body_done = True
                     return
-                remaining = size
-                while remaining:
-                    data = self.rfile.read(min(remaining, CHUNK))
-                    if not data:
-                        raise HTTPError(400, "request body ended early")
-                    remaining -= len(data)
-                    yield data
+                yield from self._read_exactly(size)
                 self.rfile.readline()
-        remaining = int(headers.get("content-length", 0))
+        yield from self._read_exactly(int(headers.get("content-length", 0)))
+        self.body_done = True
+
+    def _read_exactly(self, remaining):
         while remaining:
             data = self.rfile.read(min(remaining, CHUNK))
             if not data:
                 raise HTTPError(400, "request body ended early")
             remaining -= len(data)
             yield data
-        self.body_done = True
 
     def json_body(self, headers):
         raw = b"".join(self.body_chunks(headers))
