@@ -23,6 +23,7 @@ from orchard.recipes.rl import PolicySampler, RLConfig, policy_update
 from orchard.recipes.serving import PolicyServer
 from orchard.recipes.sft import SFTConfig, build_sft_dataset
 from orchard.recipes.trajectories import Trajectory, load_trajectories
+from orchard.rollout.branch import branch
 from orchard.rollout.minisweagent import config_from_specs
 from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
@@ -184,3 +185,26 @@ def test_demo_end_to_end(client: SandboxClient, tmp_path: Path) -> None:
     assert rerank["train"]["examples"] >= 6  # the teacher's rollouts, at least
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert client.list_sandboxes() == []
+
+
+def test_branch_restores_a_step_k_times(client: SandboxClient, family: list[Task],
+                                        teacher_run: dict[str, Trajectory]) -> None:
+    traj = teacher_run["broken"]  # look, fix, break, submit
+    task = next(t for t in family if t.instance_id == traj.instance_id)
+    trace = traj.trace()
+    with pytest.raises(ValueError, match="past the"):
+        branch(trace, client, step=99, k=2)
+    forks = branch(trace, client, step=2, k=3, labels={"test": "branch"})
+    try:
+        assert len({f.id for f in forks}) == 3
+        assert all(f.info.status.value == "running" for f in forks)
+        # Before the third model call: the fix is in, the break is not, the same in each.
+        diffs = {f.exec("git diff", cwd=task.workdir).stdout for f in forks}
+        assert len(diffs) == 1 and diffs.pop().strip()
+        source = forks[0].info.labels["orchard.dev/fork-of"]
+    finally:
+        for fork in forks:
+            fork.delete()
+    # The replayed sandbox they were forked from is gone too.
+    assert client.get_sandbox(source).info.status.value == "deleted"
+    assert client.list_sandboxes({"test": "branch"}) == []

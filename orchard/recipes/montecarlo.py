@@ -13,15 +13,13 @@ is interpolated, as for the retrospective annotator.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
-from orchard.env.client import OrchardError, Sandbox, SandboxClient
-from orchard.env.schema import EventKind
+from orchard.env.client import Sandbox, SandboxClient
 from orchard.recipes.credit import ValueCurve, interpolate, key_steps
 from orchard.recipes.trajectories import Trajectory
-from orchard.rollout.replay import ReplayReport, replay
+from orchard.rollout.branch import branch, delete_all, restore
 from orchard.rollout.trace import Trace
 from orchard.tasks.grading import grade
 from orchard.tasks.model import Task
@@ -69,28 +67,6 @@ class AgentContinuation:
         return job.stdout if job.ok else ""
 
 
-def state_seq(trace: Trace, step: int, sandbox_id: str) -> int | None:
-    """The seq of the last event of ``sandbox_id`` before the ``step``-th model call (None:
-    no event yet); replaying up to it restores the state s_step."""
-    calls = [c for c in trace.model_calls
-             if c.get("error") is None and str(c.get("endpoint", "")).endswith("completions")]
-    if step >= len(calls):
-        raise ValueError(f"step {step} is past the {len(calls)} model calls of the trace of "
-                         f"{trace.rollout_id}")
-    start = float(calls[step]["started_at"])
-    before = [e.seq for e in trace.sandbox_events
-              if e.sandbox_id == sandbox_id and e.time < start]
-    return max(before) if before else None
-
-
-def rollout_sandbox(trace: Trace) -> str:
-    """The rollout's own sandbox: the first one the trace created."""
-    for event in sorted(trace.sandbox_events, key=lambda e: e.seq):
-        if event.kind == EventKind.created:
-            return event.sandbox_id
-    raise ValueError(f"the trace of {trace.rollout_id} created no sandbox; nothing to replay")
-
-
 class MonteCarloAnnotator:
     """V(s_t) measured by ``k`` continuations from each key state (see the module doc)."""
 
@@ -114,47 +90,24 @@ class MonteCarloAnnotator:
         task = self.tasks.get(traj.instance_id)
         if task is None:
             raise ValueError(f"no task {traj.instance_id!r} among the annotator's tasks")
-        sid = rollout_sandbox(trace)
-        seq = state_seq(trace, step, sid)
         history = traj.messages[:traj.steps[step]]
         labels = {MC_LABEL: traj.rollout_id}
-        outcomes = []
-        for sample, sandbox in enumerate(self._states(trace, sid, seq, step, labels)):
-            try:
-                patch = self.continuation(task, sandbox, history, sample)
-            finally:
-                _delete(self.client, [sandbox.id])
-            outcomes.append(grade(self.client, task, patch, labels=labels).outcome)
+        forks = (branch(trace, self.client, step, self.k, labels=labels)
+                 if self.restore == "fork" else [])
+        outcomes: list[str] = []
+        try:
+            for sample in range(self.k):
+                sandbox = forks[sample] if forks else restore(trace, self.client, step,
+                                                              labels=labels)
+                try:
+                    patch = self.continuation(task, sandbox, history, sample)
+                finally:
+                    delete_all(self.client, [sandbox.id])
+                outcomes.append(grade(self.client, task, patch, labels=labels).outcome)
+        except BaseException:  # the forks not reached yet are ours to delete
+            delete_all(self.client, [f.id for f in forks[len(outcomes) + 1:]])
+            raise
         return sum(o == "resolved" for o in outcomes) / self.k, outcomes
-
-    def _states(self, trace: Trace, sid: str, seq: int | None, step: int,
-                labels: dict[str, str]) -> Iterator[Sandbox]:
-        """k sandboxes in the state s_step, each the caller's to delete: forks of one replay,
-        or one replay each."""
-        if self.restore == "replay":
-            for _ in range(self.k):
-                yield self._replayed(trace, sid, seq, step, labels)
-            return
-        source = self._replayed(trace, sid, seq, step, labels)
-        try:
-            pending = source.fork(self.k, labels=labels)
-        finally:
-            _delete(self.client, [source.id])
-        try:
-            while pending:
-                yield pending.pop(0)
-        finally:  # the caller stopped early: the forks it never got are ours to delete
-            _delete(self.client, [f.id for f in pending])
-
-    def _replayed(self, trace: Trace, sid: str, seq: int | None, step: int,
-                  labels: dict[str, str]) -> Sandbox:
-        report = replay(trace, self.client, sandbox_id=sid, until=seq, keep=True,
-                        labels=labels)
-        if broken := _broken(report):
-            _delete(self.client, report.sandbox_ids.values())
-            raise RuntimeError(f"replaying {trace.rollout_id} to step {step} did not restore "
-                               f"its state: {broken}")
-        return self.client.get_sandbox(report.sandbox_ids[sid])
 
     def annotate(self, traj: Trajectory) -> ValueCurve:
         trace = traj.trace()
@@ -170,22 +123,3 @@ class MonteCarloAnnotator:
         return ValueCurve(values=interpolate(points, n_steps + 1), key_steps=keys,
                           source=self.source, detail=detail)
 
-
-def _broken(report: ReplayReport) -> str:
-    """Why a replay did not restore the state, or "". Output may differ (the host name is the
-    sandbox's id, timestamps move); a skipped action or another exit code is a different
-    state."""
-    for step in report.steps:
-        if step.status == "skipped":
-            return f"event {step.seq} ({step.kind.value}) was skipped: {step.detail}"
-        if step.kind == EventKind.exec and (step.original.get("exit_code")
-                                            != (step.replayed or {}).get("exit_code")):
-            return (f"event {step.seq} exited {(step.replayed or {}).get('exit_code')}, "
-                    f"not {step.original.get('exit_code')}")
-    return ""
-
-
-def _delete(client: SandboxClient, ids: Any) -> None:
-    for sid in ids:
-        with contextlib.suppress(OrchardError):
-            client.delete_sandbox(sid)

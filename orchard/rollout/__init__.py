@@ -29,6 +29,7 @@ _LAZY.update({name: "orchard.rollout.trace" for name in (
 _LAZY.update({name: "orchard.rollout.export" for name in (
     "read_jsonl", "swe_row", "to_dataset", "write_jsonl", "write_parquet", "write_swe_jsonl")})
 _LAZY.update({name: "orchard.rollout.replay" for name in ("ReplayReport", "replay")})
+_LAZY.update({name: "orchard.rollout.branch" for name in ("branch", "restore")})
 _LAZY.update({name: "orchard.rollout.minisweagent" for name in (
     "OrchardEnvironment", "OrchardEnvironmentConfig", "run_task")})
 
