@@ -105,7 +105,7 @@ def build_app(fake: Fake) -> Any:
         info = fake.sandboxes.get(sandbox_id) or schema.SandboxInfo(
             sandbox_id=sandbox_id,
             status=schema.SandboxStatus.pending,
-            image=body.image,
+            image=body.image or "host",  # as the server defaults it
             block_network=body.block_network,
             labels=body.labels,
             created_at=NOW,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from orchard.env.client import (
     RetryPolicy,
     SandboxClient,
 )
+from orchard.rollout.replay import replay
+from orchard.rollout.trace import build_trace
 from tests.conftest import dedicated_orchestrator, needs_root, wait_until
 
 pytestmark = needs_root
@@ -244,3 +247,26 @@ async def test_the_async_client_branches_too(orchestrator: str) -> None:
         assert (await client.delete_snapshot(snap.snapshot_id)).found
         for s in (sb, *forks):
             await s.delete()
+
+
+def test_a_trace_with_snapshots_and_pauses_replays(client: SandboxClient) -> None:
+    session = f"snap-{uuid.uuid4().hex[:8]}"
+    with client.create_sandbox(session=session) as sb:
+        sb.exec("echo one > /workspace/a")
+        snap = sb.snapshot()
+        sb.pause()
+        sb.resume()
+        with client.create_sandbox(from_snapshot=snap.snapshot_id, session=session) as child:
+            assert child.exec("cat /workspace/a && echo two >> /workspace/a").stdout == "one\n"
+            trace = build_trace(session, [], client.events(session=session))
+            report = replay(trace, client, keep=True)
+            try:
+                # Snapshot, pause and resume change no file: nothing to redo, nothing skipped.
+                assert (report.diverged, report.skipped) == (0, 0), report.steps
+                again = client.get_sandbox(report.sandbox_ids[child.id])
+                assert again.info.from_snapshot == snap.snapshot_id
+                assert again.download_content("/workspace/a") == b"one\ntwo\n"
+            finally:
+                for sid in report.sandbox_ids.values():
+                    client.delete_sandbox(sid)
+    client.delete_snapshot(snap.snapshot_id)

@@ -28,7 +28,9 @@ from orchard.env.schema import EventKind, SandboxEvent
 from orchard.rollout.trace import Trace
 
 REPLAY_LABEL = "orchard-replay-of"
-_LIFECYCLE = (EventKind.created, EventKind.ready, EventKind.failed, EventKind.deleted)
+# Nothing to redo: they change no file (a snapshot or a pause leaves the files as they are).
+_LIFECYCLE = (EventKind.created, EventKind.ready, EventKind.failed, EventKind.deleted,
+              EventKind.snapshot, EventKind.paused, EventKind.resumed)
 
 StepStatus = Literal["matched", "diverged", "skipped"]
 
@@ -206,11 +208,15 @@ def _create_like(client: SandboxClient, trace: Trace, sid: str, image: str | Non
         raise ValueError(f"the trace of {trace.rollout_id!r} has no 'created' event for sandbox "
                          f"{sid}, so its image is unknown: pass image=")
     d = created.data if created is not None else {}
+    # A sandbox that started from a snapshot starts from it again (404 if it is gone), unless
+    # another image is asked for.
+    snapshot = d.get("from_snapshot") if image is None else None
     # model_proxy is left off: a replay redoes what the sandbox did, it calls no model.
     return client.create_sandbox(
-        image or d.get("image") or "host", block_network=d.get("block_network", True),
-        cpu=d.get("cpu"), memory=d.get("memory"), pids=d.get("pids"), env=d.get("env") or {},
-        labels={**labels, REPLAY_LABEL: sid}, session=session)
+        None if snapshot else image or d.get("image") or "host",
+        block_network=d.get("block_network", True), cpu=d.get("cpu"), memory=d.get("memory"),
+        pids=d.get("pids"), env=d.get("env") or {}, labels={**labels, REPLAY_LABEL: sid},
+        session=session, from_snapshot=snapshot)
 
 
 def replay(trace: Trace, client: SandboxClient, *, image: str | None = None,
