@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux e2fsprogs redis-server \
-	python3-pytest slirp4netns nftables
+	python3-pytest slirp4netns nftables chromium
 STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps demo tour test lint bench validate-manifests clean

@@ -24,6 +24,10 @@ needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None,
     reason="needs root and bubblewrap (CI runs as root: `make test` installs bubblewrap)",
 )
+needs_browser = pytest.mark.skipif(
+    shutil.which("chromium") is None,
+    reason="needs Debian's chromium package (`make test` installs it)",
+)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,14 +18,15 @@ from orchard.env.client import SandboxClient
 
 if TYPE_CHECKING:
     from orchard.tasks import Task, TaskCheck
+    from orchard.tasks.web import WebTask, WebTaskCheck
 
 tasks_app = typer.Typer(no_args_is_help=True, help="Task sets: list and validate them.")
 # eval and report are top-level commands.
 app = typer.Typer()
 
 _Tasks = Annotated[str, typer.Argument(
-    help="'bundled', 'humaneval', or a .json/.jsonl/.parquet file, a saved dataset or a task "
-         "directory.")]
+    help="'bundled', 'humaneval', 'web' (the web tasks), or a .json/.jsonl/.parquet file, a "
+         "saved dataset or a task directory.")]
 _Split = Annotated[str | None, typer.Option(help="Keep only this split (train, test).",
                                             show_default=False)]
 _TaskIds = Annotated[list[str] | None, typer.Option(
@@ -41,10 +43,39 @@ def _load(tasks: str, split: str | None, ids: list[str] | None) -> list[Task]:
         raise typer.Exit(2) from None
 
 
+def _load_web(tasks: str, split: str | None, ids: list[str] | None) -> list[WebTask]:
+    from orchard.tasks import TaskLoadError
+    from orchard.tasks.web import load_web_tasks
+
+    try:
+        loaded = load_web_tasks(tasks, split=split)
+    except TaskLoadError as exc:
+        stderr.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    return [t for t in loaded if not ids or t.instance_id in ids]
+
+
+def _is_web(tasks: str) -> bool:
+    return tasks == "web" or tasks.endswith((".yaml", ".yml"))
+
+
 @tasks_app.command("list")
 def tasks_list(tasks: _Tasks = "bundled", split: _Split = None,
                json_: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List a task set's tasks."""
+    if _is_web(tasks):
+        web = _load_web(tasks, split, None)
+        if json_:
+            typer.echo(json.dumps([t.model_dump(exclude={"gold"}) for t in web], indent=2))
+            return
+        table = Table(title=f"{tasks}: {len(web)} tasks")
+        for col in ("instance_id", "split", "sites", "checker", "goal"):
+            table.add_column(col)
+        for w in web:
+            table.add_row(w.instance_id, w.split or "", ",".join(w.sites), w.checker.name,
+                          w.goal)
+        Console().print(table)
+        return
     loaded = _load(tasks, split, None)
     if json_:
         typer.echo(json.dumps([t.model_dump(exclude={"patch", "test_patch", "source"})
@@ -71,12 +102,11 @@ def tasks_validate(
     orchestrator: OrchestratorOption = None,
 ) -> None:
     """Check every task: the gold patch resolves it, and on the untouched repository its
-    FAIL_TO_PASS tests fail and PASS_TO_PASS tests pass. Exit 1 if any task is broken."""
+    FAIL_TO_PASS tests fail and PASS_TO_PASS tests pass (web tasks: the gold run resolves it,
+    doing nothing does not). Exit 1 if any task is broken."""
     from orchard.tasks import validate_tasks
 
-    loaded = _load(tasks, split, task)
-
-    def report(check: TaskCheck) -> None:
+    def report(check: TaskCheck | WebTaskCheck) -> None:
         if not json_:
             mark = "[green]ok[/]" if check.ok else "[red]BROKEN[/]"
             stderr.print(f"{mark} {check.instance_id} ({check.seconds:.1f}s)"
@@ -85,7 +115,12 @@ def tasks_validate(
     with contextlib.ExitStack() as stack:
         url, api_key = open_orchestrator(stack, ctx, orchestrator)
         client = stack.enter_context(SandboxClient(url, api_key=api_key))
-        checks = validate_tasks(client, loaded, concurrency=concurrency, on_done=report)
+        checks: list[TaskCheck] | list[WebTaskCheck]
+        if _is_web(tasks):
+            checks = _validate_web(client, _load_web(tasks, split, task), concurrency, report)
+        else:
+            checks = validate_tasks(client, _load(tasks, split, task), concurrency=concurrency,
+                                    on_done=report)
     broken = [c for c in checks if not c.ok]
     if json_:
         typer.echo(json.dumps([c.model_dump(mode="json") for c in checks], indent=2))
@@ -94,6 +129,21 @@ def tasks_validate(
                      + (f"; broken: {', '.join(c.instance_id for c in broken)}" if broken else ""))
     if broken:
         raise typer.Exit(1)
+
+
+def _validate_web(client: SandboxClient, tasks: list[WebTask], concurrency: int,
+                  report: Callable[[WebTaskCheck], None]) -> list[WebTaskCheck]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchard.tasks.web import validate_web
+
+    def one(task: WebTask) -> WebTaskCheck:
+        check = validate_web(client, task)
+        report(check)
+        return check
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, tasks))
 
 
 @app.command("eval")

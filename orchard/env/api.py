@@ -11,8 +11,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.env.auth import check_key, given_key
 from orchard.env.errors import ServiceError, TooLarge
+from orchard.env.routes import browser, files, processes, sandboxes, snapshots, system
 from orchard.env.routes import exec as exec_routes
-from orchard.env.routes import files, processes, sandboxes, snapshots, system
 from orchard.env.routes.files import RAW_UPLOAD
 from orchard.env.sandbox_ops import SandboxOps
 from orchard.env.service import SandboxService
@@ -99,4 +99,5 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     app.include_router(files.router(ops, secured))
     app.include_router(processes.router(ops, secured))
     app.include_router(snapshots.router(service, secured))
+    app.include_router(browser.router(ops, secured))
     return app

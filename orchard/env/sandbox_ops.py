@@ -1,5 +1,5 @@
-"""What the orchestrator asks of a running sandbox's agent besides exec: patches, files and
-background processes.
+"""What the orchestrator asks of a running sandbox's agent besides exec: patches, files,
+background processes and the browser.
 
 With the service's exec, this is the only place that calls the agent. Each operation finds
 the sandbox, calls its agent, turns an agent failure into a service error the one way
@@ -8,6 +8,7 @@ the sandbox, calls its agent, turns an agent failure into a service error the on
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 import httpx
 
 from orchard.env.agent.client import AgentError, PtyChannel
+from orchard.env.browser_schema import BrowserAction
 from orchard.env.errors import TooLarge, from_agent
 from orchard.env.schema import EventKind, PatchRequest
 from orchard.env.service import SandboxService
@@ -108,3 +110,17 @@ class SandboxOps:
                              stderr_offset: int) -> dict[str, Any]:
         agent = await self.service.agent(sid)
         return await self._call(sid, agent.process_output(pid, stdout_offset, stderr_offset))
+
+    # --- the browser -------------------------------------------------------------------------
+
+    async def browser(self, sid: str, action: BrowserAction) -> dict[str, Any]:
+        """One action in the sandbox's browser and the page after it. Every action is an event,
+        observations too: the element ids of the next action depend on them, so a replay must
+        redo them all."""
+        def describe(page: dict[str, Any]) -> dict[str, Any]:
+            return {**action.model_dump(exclude_none=True, exclude={"screenshot", "marks"}),
+                    "page_url": page["url"], "title": page["title"], "error": page["error"],
+                    "tree_sha256": hashlib.sha256(page["tree"].encode()).hexdigest()}
+
+        return await self._change(sid, EventKind.browser,
+                                  lambda agent: agent.browser(action.agent_request()), describe)

@@ -406,6 +406,7 @@ class EventKind(StrEnum):
     remove = "remove"
     patch = "patch"
     snapshot = "snapshot"
+    browser = "browser"
     paused = "paused"
     resumed = "resumed"
     deleted = "deleted"

@@ -195,9 +195,33 @@ def _redo_process(sandbox: Sandbox, event: SandboxEvent) -> ReplayStep:
                  "started (background processes are not compared)")
 
 
+_BROWSER_OUTCOME = ("page_url", "title", "error", "tree_sha256")
+
+
+def _redo_browser(sandbox: Sandbox, event: SandboxEvent) -> ReplayStep:
+    """The same action; it matches when it lands on the same URL with the same error (or
+    none). The tree may differ (a timestamp on the page) without the state differing."""
+    d = event.data
+    original = {k: d.get(k) for k in _BROWSER_OUTCOME}
+    params = {k: v for k, v in d.items() if k not in _BROWSER_OUTCOME}
+    try:
+        page = sandbox.browser(**params)
+    except OrchardError as e:
+        return _step(event, original, {"error": str(e)}, [f"the browser action failed now: {e}"])
+    replayed = {"page_url": page.url, "title": page.title, "error": page.error,
+                "tree_sha256": hashlib.sha256(page.tree.encode()).hexdigest()}
+    problems = []
+    if page.url != d.get("page_url"):
+        problems.append(f"at {d.get('page_url')} then, at {page.url} now")
+    if (page.error is None) != (d.get("error") is None):
+        problems.append(f"error {d.get('error')!r} then, {page.error!r} now")
+    return _step(event, original, replayed, problems)
+
+
 _REDO = {EventKind.exec: _redo_exec, EventKind.file_write: _redo_file_write,
          EventKind.mkdir: _redo_path_op, EventKind.remove: _redo_path_op,
-         EventKind.patch: _redo_patch, EventKind.process: _redo_process}
+         EventKind.patch: _redo_patch, EventKind.process: _redo_process,
+         EventKind.browser: _redo_browser}
 
 
 def _create_like(client: SandboxClient, trace: Trace, sid: str, image: str | None,

@@ -61,6 +61,10 @@ def _event_summary(event: SandboxEvent) -> str:
         return f"{event.sandbox_id}: {event.kind.value} {d.get('path')}"
     if event.kind == EventKind.patch:
         return f"{event.sandbox_id}: patch ({'applied' if d.get('success') else 'failed'})"
+    if event.kind == EventKind.browser:
+        target = d.get("url") or (f"#{d['id']}" if d.get("id") else "")
+        return (f"{event.sandbox_id}: browser {d.get('action')} {target}".rstrip()
+                + f" -> {d.get('page_url')}" + (f" ({d['error']})" if d.get("error") else ""))
     return f"{event.sandbox_id}: {event.kind.value}"
 
 

@@ -26,6 +26,8 @@ from urllib.parse import quote, urlencode
 
 from orchard.env.agent.server.protocol import (
     ArchiveRestored,
+    BrowserObservation,
+    BrowserRequest,
     DirListing,
     ExecEvent,
     ExecRequest,
@@ -354,6 +356,13 @@ class AgentClient:
             return await self._call("PUT", "/archive", content=blocks(), deadline=timeout)
         finally:
             f.close()
+
+    async def browser(self, req: BrowserRequest) -> BrowserObservation:
+        """One browser action and the page after it. The agent waits for the page up to the
+        request's timeout (30 s), and the browser may have to start first."""
+        wait = float(req.get("timeout") or 30.0)
+        return await self._call("POST", "/browser", json_body=req,
+                                deadline=2 * wait + self.timeout)
 
     async def signal_all(self, sig: str) -> Signalled:
         """STOP or CONT every process of the sandbox but the agent (pause and resume)."""

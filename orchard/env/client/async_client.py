@@ -26,7 +26,7 @@ from httpx_ws import (
     aconnect_ws,
 )
 
-from orchard.env import schema
+from orchard.env import browser_schema, schema
 from orchard.env.client import errors
 from orchard.env.client.base import (
     CHUNK_SIZE,
@@ -281,6 +281,13 @@ class AsyncSandbox(SandboxBase):
         for sandbox in forks if wait else ():
             await sandbox.wait_ready()
         return forks
+
+    async def browser(self, action: browser_schema.BrowserVerb = "observe",
+                      **params: Any) -> browser_schema.BrowserObservation:
+        """One action in the sandbox's browser (goto url=, click id=, type id= text=, select,
+        scroll, press key=, back, tab op=; screenshot=True adds a PNG), and the page after."""
+        request = browser_schema.BrowserAction(action=action, **params)
+        return await self._client._call(API.browser(self.id, request))
 
     async def pause(self) -> schema.SandboxInfo:
         """Freeze its processes (memory is kept); execs are refused until :meth:`resume`."""

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from orchard.env import schema
+from orchard.env import browser_schema, schema
 from orchard.env.client import errors
 from orchard.env.client.http_errors import error_for_status
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
@@ -212,6 +212,15 @@ class API:
     def fork(sandbox_id: str, request: schema.ForkRequest) -> Call[schema.ForkResponse]:
         return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/fork", _model(schema.ForkResponse),
                     json=_body(request), retry=Retry.OVERLOAD, timeout=_long(600))
+
+    @staticmethod
+    def browser(sandbox_id: str, action: browser_schema.BrowserAction
+                ) -> Call[browser_schema.BrowserObservation]:
+        # An action twice is not an action once; an observation is.
+        retry = Retry.IDEMPOTENT if action.action == "observe" else Retry.OVERLOAD
+        return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/browser",
+                    _model(browser_schema.BrowserObservation), json=_body(action), retry=retry,
+                    timeout=_long(2 * action.timeout))
 
     @staticmethod
     def pause(sandbox_id: str) -> Call[schema.SandboxInfo]:

@@ -261,6 +261,11 @@ def route(c, method, path, query, headers):
         c.send_json(receive_archive(c, headers))
     elif path == "/signal" and method == "POST":
         c.send_json(signal_all(c.json_body(headers)))
+    elif path == "/browser" and method == "POST":
+        # Loaded on first use: most sandboxes never browse, and every one pays for its heap.
+        from .browser import browser_action
+
+        c.send_json(browser_action(c.json_body(headers)))
     elif path == "/pty":
         run_pty(c, query)
         return False

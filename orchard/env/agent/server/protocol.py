@@ -152,3 +152,43 @@ class Signalled(TypedDict):
 
     signalled: int
     not_permitted: int
+
+
+class BrowserRequest(TypedDict, total=False):
+    """POST /browser: one action, then an observation (see browser.py)."""
+
+    action: str  # observe, goto, click, type, select, scroll, press, back, tab
+    url: str
+    id: int
+    x: float
+    y: float
+    text: str
+    submit: bool
+    clear: bool
+    value: str
+    direction: str
+    amount: int
+    key: str
+    op: str
+    index: int
+    screenshot: bool
+    marks: bool
+    timeout: float
+
+
+class BrowserTab(TypedDict):
+    index: int
+    url: str
+    title: str
+    active: bool
+
+
+class BrowserObservation(TypedDict):
+    url: str
+    title: str
+    tabs: list[BrowserTab]
+    tree: str
+    truncated: bool
+    elements: int
+    error: str | None
+    screenshot_png_b64: NotRequired[str]

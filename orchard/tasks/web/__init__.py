@@ -1,0 +1,60 @@
+"""The web domain's tasks: self-hosted sites served in the sandbox, goals, checkers, gold runs.
+
+    tasks = load_web_tasks()                   # the bundled set, or a YAML/JSON/JSONL path
+    check = validate_web(client, tasks[0])     # gold resolves it, doing nothing does not
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from orchard.tasks.web.checkers import CHECKERS
+from orchard.tasks.web.environment import SiteError, site_state, start_sites
+from orchard.tasks.web.grading import (
+    GoldFailed,
+    WebGrade,
+    WebTaskCheck,
+    element_id,
+    grade_web,
+    play,
+    run_gold,
+    validate_web,
+)
+from orchard.tasks.web.model import SITE_PORTS, Checker, GoldStep, WebBudget, WebTask
+
+BUNDLED = Path(__file__).resolve().parent / "data" / "tasks.yaml"
+
+__all__ = ["BUNDLED", "CHECKERS", "SITE_PORTS", "Checker", "GoldFailed", "GoldStep", "SiteError",
+           "WebBudget", "WebGrade", "WebTask", "WebTaskCheck", "element_id", "grade_web",
+           "load_web_tasks", "play", "run_gold", "site_state", "start_sites", "validate_web"]
+
+
+def load_web_tasks(source: str | Path | None = None, *,
+                   split: str | None = None) -> list[WebTask]:
+    """The bundled web tasks (``None`` or ``"web"``), or a .yaml/.json/.jsonl file of them."""
+    path = BUNDLED if source in (None, "web") else Path(str(source)).expanduser()
+    from orchard.tasks.loaders import TaskLoadError
+
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TaskLoadError(f"cannot read web tasks from {path}: {e}") from None
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        rows = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    tasks = []
+    for i, row in enumerate(rows):
+        try:
+            tasks.append(WebTask.model_validate(row))
+        except ValidationError as e:
+            raise TaskLoadError(f"{path}: web task {i} ({row.get('instance_id', '?')}): "
+                                f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+    unknown = sorted({t.checker.name for t in tasks} - CHECKERS.keys())
+    if unknown:
+        raise TaskLoadError(f"{path}: unknown checkers {unknown}; one of {sorted(CHECKERS)}")
+    return [t for t in tasks if split is None or t.split == split]

@@ -1,0 +1,60 @@
+"""A web task's sandbox: its sites served inside it, their state read back for the checker.
+
+The site code (``sites/``, standard library only) is uploaded into the sandbox and each site
+runs there as a background process of the sandbox's own Python on its port of ``SITE_PORTS``,
+so nothing needs the internet and every rollout starts from the same seed state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from orchard.env.client import OrchardError, Sandbox
+from orchard.tasks.web.model import SITE_PORTS, WebTask
+
+SITES_DIR = Path(__file__).resolve().parent / "sites"
+IN_SANDBOX = "/workspace/.orchard-sites"
+
+
+class SiteError(RuntimeError):
+    """A site did not come up in the sandbox; the message says which and why."""
+
+
+def state_path(site: str) -> str:
+    return f"{IN_SANDBOX}/{site}.json"
+
+
+def start_sites(sandbox: Sandbox, task: WebTask, timeout: float = 30.0) -> None:
+    """Upload and start the task's sites; return once each answers on its port."""
+    sandbox.upload_content(f"{IN_SANDBOX}/sitekit.py", (SITES_DIR / "sitekit.py").read_bytes())
+    for site in task.sites:
+        sandbox.upload_content(f"{IN_SANDBOX}/{site}.py",
+                               (SITES_DIR / f"{site}.py").read_bytes())
+        sandbox.start_process(f"python3 {IN_SANDBOX}/{site}.py --port {SITE_PORTS[site]} "
+                              f"--state {state_path(site)}")
+    ports = " ".join(str(SITE_PORTS[s]) for s in task.sites)
+    probe = ("python3 -c \"import sys, urllib.request as u; "
+             "[u.urlopen(f'http://127.0.0.1:{p}/', timeout=2) for p in sys.argv[1:]]\" "
+             + ports)
+    deadline = time.monotonic() + timeout
+    while not sandbox.exec(probe, timeout=10).ok:
+        if time.monotonic() > deadline:
+            raise SiteError(f"the sites {task.sites} of {task.instance_id} did not answer on "
+                            f"ports {ports} within {timeout:g}s; see the processes of sandbox "
+                            f"{sandbox.id}")
+        time.sleep(0.1)
+
+
+def site_state(sandbox: Sandbox, task: WebTask) -> dict[str, dict[str, Any]]:
+    """Each of the task's sites' state as it is now (what the checker judges)."""
+    state = {}
+    for site in task.sites:
+        try:
+            state[site] = json.loads(sandbox.download_content(state_path(site)))
+        except (OrchardError, ValueError) as e:
+            raise SiteError(f"cannot read the state of site {site} in sandbox {sandbox.id}: "
+                            f"{e}") from None
+    return state

@@ -1,0 +1,142 @@
+"""Grading and validating web tasks: the checker over the sites' final state, and the gold run.
+
+``grade_web`` judges a sandbox at the end of a rollout. ``run_gold`` plays a task's scripted
+solution in the browser, finding each step's element by how the tree shows it. ``validate_web``
+proves a task solvable (the gold run resolves it) and not solved by doing nothing, each in a
+fresh sandbox.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal, cast
+
+from pydantic import BaseModel, Field
+
+from orchard.env.browser_schema import BrowserObservation, BrowserVerb
+from orchard.env.client import OrchardError, Sandbox, SandboxClient
+from orchard.tasks.web.checkers import CHECKERS
+from orchard.tasks.web.environment import SiteError, site_state, start_sites
+from orchard.tasks.web.model import GoldStep, WebTask
+
+WebOutcome = Literal["resolved", "unresolved", "task_error"]
+
+
+class WebGrade(BaseModel):
+    instance_id: str
+    resolved: bool
+    reward: float
+    outcome: WebOutcome = Field(description="task_error: the checker or the sites failed; "
+                                "the task is broken, the rollout is not to blame.")
+    reason: str
+    answer: str | None = None
+
+
+def grade_web(sandbox: Sandbox, task: WebTask, answer: str | None) -> WebGrade:
+    """Judge the sandbox's sites as they are now, with the agent's final answer."""
+    def graded(outcome: WebOutcome, reason: str) -> WebGrade:
+        return WebGrade(instance_id=task.instance_id, resolved=outcome == "resolved",
+                        reward=1.0 if outcome == "resolved" else 0.0, outcome=outcome,
+                        reason=reason, answer=answer)
+
+    check = CHECKERS.get(task.checker.name)
+    if check is None:
+        return graded("task_error", f"unknown checker {task.checker.name!r}; one of "
+                      f"{', '.join(sorted(CHECKERS))}")
+    try:
+        state = site_state(sandbox, task)
+    except SiteError as e:
+        return graded("task_error", str(e))
+    try:
+        passed, reason = check(state, answer, **task.checker.args)
+    except Exception as e:  # noqa: BLE001 - a broken checker is the task's fault
+        return graded("task_error", f"checker {task.checker.name} crashed: "
+                      f"{type(e).__name__}: {e}")
+    return graded("resolved" if passed else "unresolved", reason)
+
+
+class GoldFailed(RuntimeError):
+    """A gold step could not be played: the task's script no longer fits its sites."""
+
+
+def element_id(page: BrowserObservation, target: str) -> int | None:
+    """The id of the first element whose tree line starts with ``target``."""
+    for line in page.tree.splitlines():
+        line = line.strip()
+        if line.startswith("[") and "] " in line:
+            number, rest = line[1:].split("] ", 1)
+            if rest.startswith(target):
+                return int(number)
+    return None
+
+
+def play(sandbox: Sandbox, page: BrowserObservation, step: GoldStep,
+         timeout: float) -> BrowserObservation:
+    """One gold (or teacher) step on the page as last observed."""
+    params: dict[str, object] = {"timeout": timeout}
+    if step.target is not None:
+        found = element_id(page, step.target)
+        if found is None:
+            raise GoldFailed(f"no element {step.target!r} on {page.url}:\n{page.tree[:2000]}")
+        params["id"] = found
+    for field in ("url", "text", "value", "key"):
+        if getattr(step, field) is not None:
+            params[field] = getattr(step, field)
+    if step.action == "type":
+        params["submit"] = step.submit
+    after = sandbox.browser(cast(BrowserVerb, step.action), **params)
+    if after.error:
+        raise GoldFailed(f"{step.action} {step.target or step.url or ''}: {after.error}")
+    return after
+
+
+def run_gold(sandbox: Sandbox, task: WebTask) -> str | None:
+    """Play the gold solution from the start URL; returns its answer (None if it gives
+    none)."""
+    page = sandbox.browser("goto", url=task.start_url, timeout=task.budget.action_timeout)
+    answer = None
+    for step in task.gold:
+        if step.action == "answer":
+            answer = step.text
+            continue
+        page = play(sandbox, page, step, task.budget.action_timeout)
+    return answer
+
+
+class WebTaskCheck(BaseModel):
+    instance_id: str
+    ok: bool
+    problems: list[str] = Field(default_factory=list)
+    gold: WebGrade | None = None
+    empty: WebGrade | None = None
+    seconds: float = 0.0
+
+
+def validate_web(client: SandboxClient, task: WebTask, *,
+                 labels: dict[str, str] | None = None) -> WebTaskCheck:
+    """The gold run resolves the task and doing nothing does not, each in a fresh sandbox."""
+    start = time.monotonic()
+    problems: list[str] = []
+    grades: dict[str, WebGrade] = {}
+    for run in ("empty", "gold"):
+        try:
+            with client.create_sandbox(task.image, labels=labels or {}) as sb:
+                start_sites(sb, task)
+                sb.browser("goto", url=task.start_url, timeout=task.budget.action_timeout)
+                answer = run_gold(sb, task) if run == "gold" else None
+                grades[run] = grade_web(sb, task, answer)
+        except GoldFailed as e:
+            problems.append(f"its gold solution cannot be played: {e}")
+        except (OrchardError, SiteError) as e:
+            problems.append(f"the environment failed ({type(e).__name__}: {e}); this says "
+                            "nothing about the task, validate again")
+    gold, empty = grades.get("gold"), grades.get("empty")
+    if gold is not None and not gold.resolved:
+        problems.append(f"the gold solution does not resolve it: {gold.reason}")
+    if empty is not None and empty.resolved:
+        problems.append(f"doing nothing resolves it: {empty.reason}")
+    for grade in (gold, empty):
+        if grade is not None and grade.outcome == "task_error":
+            problems.append(f"its checker is broken: {grade.reason}")
+    return WebTaskCheck(instance_id=task.instance_id, ok=not problems, problems=problems,
+                        gold=gold, empty=empty, seconds=time.monotonic() - start)

@@ -1,0 +1,83 @@
+"""The web task model: a goal on self-hosted sites, a checker over their final state, a gold run.
+
+A web task names the sites a sandbox serves for it (``sites``), where the browser starts
+(``start_url``), what to do (``goal``), a checker (a function of the sites' final state and
+the agent's answer, see ``checkers.py``) and a scripted gold solution, so ``validate`` can prove
+the task solvable and not solved by doing nothing. Gold steps name elements the way an
+observation shows them (``button "Add to cart"``), never by id: ids change with every
+observation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchard.tasks.model import INSTANCE_ID_PATTERN
+
+# Where each bundled site listens inside the sandbox (its own network namespace).
+SITE_PORTS = {"shop": 8101, "wiki": 8102, "booking": 8103, "mail": 8104}
+
+
+class Checker(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="A checker of orchard.tasks.web.checkers.CHECKERS.")
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class GoldStep(BaseModel):
+    """One step of the gold solution: a browser action on an element found by its tree line,
+    or the final answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["goto", "click", "type", "select", "press", "back", "answer"]
+    target: str | None = Field(None, description='An element as the tree shows it, e.g. '
+                               'link "About us": the first line that starts with it.')
+    url: str | None = None
+    text: str | None = None
+    value: str | None = None
+    key: str | None = None
+    submit: bool = False
+
+    @model_validator(mode="after")
+    def _complete(self) -> GoldStep:
+        needs = {"goto": "url", "answer": "text", "press": "key"}.get(self.action)
+        if needs and getattr(self, needs) is None:
+            raise ValueError(f"a gold {self.action!r} step needs {needs!r}")
+        if self.action in ("click", "type", "select") and not self.target:
+            raise ValueError(f"a gold {self.action!r} step needs a 'target'")
+        return self
+
+
+class WebBudget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(20, gt=0, le=500, description="Model calls (browser actions).")
+    wall_time: float = Field(300, gt=0, le=3600)
+    action_timeout: float = Field(15, gt=0, le=300, description="Seconds a page may load.")
+
+
+class WebTask(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    instance_id: str = Field(pattern=INSTANCE_ID_PATTERN)
+    domain: Literal["web"] = "web"
+    goal: str = Field(min_length=1)
+    sites: list[Literal["shop", "wiki", "booking", "mail"]] = Field(min_length=1)
+    start_url: str
+    checker: Checker
+    gold: list[GoldStep] = Field(min_length=1)
+    live: bool = Field(False, description="The task needs a live site on the internet (a "
+                       "networked sandbox); the bundled tasks never do.")
+    image: str = "host"
+    budget: WebBudget = Field(default_factory=WebBudget)
+    split: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def answers(self) -> bool:
+        """Whether the task is solved by an answer rather than by a change to a site."""
+        return self.checker.name == "answer"

@@ -1,0 +1,183 @@
+"""The sandbox's browser: a real headless Chromium, driven through the REST API and the SDK."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from orchard.env.client import InvalidRequest, Sandbox, SandboxClient
+from orchard.rollout.replay import replay
+from orchard.rollout.trace import build_trace
+from tests.conftest import needs_browser, needs_root
+
+pytestmark = [needs_root, needs_browser]
+
+SHOP = """<!doctype html><html><head><title>Shop</title></head><body>
+<h1>Shop</h1>
+<form action="/search.html" method="get">
+  <input name="q" aria-label="Search"><button type="submit">Search</button>
+</form>
+<input id="qty" aria-label="Quantity">
+<button onclick="document.getElementById('out').textContent =
+  'added ' + document.getElementById('qty').value">Add to cart</button>
+<select aria-label="Size"><option>S</option><option>M</option></select>
+<p id="out">cart empty</p>
+<a href="/about.html">About us</a>
+</body></html>"""
+PAGES = {"index.html": SHOP,
+         "search.html": "<title>Results</title><p>results page</p>",
+         "about.html": "<title>About</title><h2>About us</h2><p>a small shop</p>"}
+
+
+@pytest.fixture(scope="module")
+def client(orchestrator: str) -> Iterator[SandboxClient]:
+    with SandboxClient(orchestrator) as c:
+        yield c
+
+
+def serve_site(sb: Sandbox) -> str:
+    for name, html in PAGES.items():
+        sb.upload_content(f"/workspace/site/{name}", html.encode())
+    sb.start_process("python3 -m http.server 8000 --bind 127.0.0.1 --directory "
+                     "/workspace/site")
+    for _ in range(100):
+        if sb.exec("python3 -c \"import urllib.request as u; "
+                   "u.urlopen('http://127.0.0.1:8000/')\"").ok:
+            return "http://127.0.0.1:8000/index.html"
+        time.sleep(0.1)
+    raise AssertionError("the site did not come up in the sandbox")
+
+
+def ids(tree: str) -> dict[str, int]:
+    """'role "name"' -> id, from an observation's tree."""
+    out = {}
+    for line in tree.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            number, _, rest = line[1:].partition("] ")
+            out[rest.split(" value=")[0]] = int(number)
+    return out
+
+
+@pytest.fixture(scope="module")
+def shop(client: SandboxClient) -> Iterator[tuple[Sandbox, str]]:
+    session = f"browser-{uuid.uuid4().hex[:8]}"
+    sb = client.create_sandbox(session=session, memory="2Gi")
+    try:
+        yield sb, serve_site(sb)
+    finally:
+        sb.delete()
+
+
+def test_actions_change_the_page_and_the_tree_shows_it(shop: tuple[Sandbox, str]) -> None:
+    sb, url = shop
+    page = sb.browser("goto", url=url)
+    assert (page.title, page.url, page.error) == ("Shop", url, None)
+    found = ids(page.tree)
+    assert {'heading "Shop"', 'textbox "Quantity"', 'button "Add to cart"',
+            'combobox "Size"', 'link "About us"'} <= found.keys(), page.tree
+    page = sb.browser("type", id=found['textbox "Quantity"'], text="3")
+    assert 'textbox "Quantity" value="3"' in page.tree
+    page = sb.browser("click", id=ids(page.tree)['button "Add to cart"'])
+    assert '"added 3"' in page.tree and '"cart empty"' not in page.tree
+    page = sb.browser("select", id=ids(page.tree)['combobox "Size"'], value="M")
+    assert 'combobox "Size" value="M"' in page.tree
+    # A form submitted with Enter navigates; back returns.
+    page = sb.browser("type", id=ids(page.tree)['textbox "Search"'], text="shoes", submit=True)
+    assert page.title == "Results" and page.url.endswith("/search.html?q=shoes"), page
+    page = sb.browser("back")
+    assert page.title == "Shop"
+
+
+def test_a_stale_id_is_an_observation_not_an_error(shop: tuple[Sandbox, str]) -> None:
+    sb, url = shop
+    page = sb.browser("goto", url=url)
+    page = sb.browser("click", id=ids(page.tree)['link "About us"'])
+    assert page.title == "About" and page.error is None
+    page = sb.browser("click", id=page.elements + 50)
+    assert page.error is not None and "observe again" in page.error
+    assert page.title == "About"  # nothing happened
+    with pytest.raises(InvalidRequest, match="needs an element 'id'"):
+        sb.browser("click")
+
+
+def test_tabs_and_screenshots_with_marks(shop: tuple[Sandbox, str]) -> None:
+    sb, url = shop
+    sb.browser("goto", url=url)
+    page = sb.browser("tab", op="new", url=url.replace("index", "about"))
+    assert [t.title for t in page.tabs] == ["Shop", "About"]
+    assert [t.active for t in page.tabs] == [False, True]
+    page = sb.browser("tab", op="switch", index=0)
+    assert page.title == "Shop"
+    page = sb.browser("tab", op="close", index=1)
+    assert len(page.tabs) == 1
+    plain = sb.browser("observe", screenshot=True, marks=False)
+    marked = sb.browser("observe", screenshot=True)
+    for shot in (plain, marked):
+        png = base64.b64decode(shot.screenshot_png_b64 or "")
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", png[16:24])
+        assert width == 1280 and 600 <= height <= 800, (width, height)
+    assert marked.screenshot_png_b64 != plain.screenshot_png_b64  # the marks are drawn
+    assert sb.browser("observe").screenshot_png_b64 is None
+
+
+def test_a_page_that_never_loads_times_out_within_the_budget(
+        shop: tuple[Sandbox, str]) -> None:
+    sb, _ = shop
+    # Accepts connections and never answers.
+    sb.start_process("python3 -c \"import socket, time; s = socket.socket(); "
+                     "s.bind(('127.0.0.1', 8001)); s.listen(); time.sleep(600)\"")
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    page = sb.browser("goto", url="http://127.0.0.1:8001/", timeout=3)
+    took = time.monotonic() - t0
+    assert page.error is not None and "loading" in page.error, page
+    assert took < 3 * 3 + 10, took  # its budget, not forever
+
+
+def test_the_browser_restarts_after_it_died_and_lives_in_the_sandbox(
+        shop: tuple[Sandbox, str]) -> None:
+    sb, url = shop
+    sb.browser("goto", url=url)
+    inside = sb.exec("pgrep -c -f 'chromium.*remote-debugging-pipe' || true").stdout.strip()
+    assert int(inside or 0) >= 1  # in the sandbox's own pid namespace, so in its cgroups
+    sb.exec("pkill -9 -f 'chromium' || true")
+    time.sleep(0.5)
+    page = sb.browser("goto", url=url)
+    assert page.title == "Shop" and page.error is None
+
+
+def test_browser_actions_are_events_and_replay(client: SandboxClient,
+                                               shop: tuple[Sandbox, str]) -> None:
+    sb, url = shop
+    page = sb.browser("goto", url=url)
+    sb.browser("click", id=ids(page.tree)['link "About us"'])
+    session = sb.info.session
+    assert session is not None
+    events = client.events(session=session)
+    browsing = [e for e in events if e.kind.value == "browser"]
+    assert browsing and browsing[-1].data["page_url"].endswith("/about.html")
+    assert browsing[-1].data["action"] == "click" and "tree_sha256" in browsing[-1].data
+    report = replay(build_trace(session, [], events), client)
+    assert report.diverged == 0 and report.skipped == 0, report.steps
+    assert sum(s.kind.value == "browser" for s in report.steps) == len(browsing)
+
+
+def test_a_sandbox_without_chromium_says_what_to_do(client: SandboxClient, tmp_path) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "bin").mkdir(parents=True)
+    busybox = shutil.which("busybox")
+    assert busybox is not None
+    shutil.copy(busybox, rootfs / "bin" / "busybox")
+    for tool in ("sh", "ls"):
+        (rootfs / "bin" / tool).symlink_to("busybox")
+    with client.create_sandbox(str(rootfs)) as sb, \
+            pytest.raises(InvalidRequest, match="no Chromium in this sandbox"):
+        sb.browser("goto", url="about:blank")
