@@ -374,10 +374,12 @@ async def test_lost_lock_does_not_mask_body_exception(
 async def test_renewal_keeps_lock_past_ttl(redis_store_url: str) -> None:
     a, b = RedisStore(redis_store_url), RedisStore(redis_store_url)
     try:
-        async with a.lock("long", ttl=0.5, timeout=WAIT):
-            await asyncio.sleep(1.5)  # three ttls: only renewals keep it
+        # A ttl of seconds, not a fraction: renewals on a loaded 2-core CI machine can be
+        # late by a few hundred milliseconds without anything being wrong.
+        async with a.lock("long", ttl=2.0, timeout=WAIT):
+            await asyncio.sleep(5.0)  # two and a half ttls: only renewals keep it
             with pytest.raises(LockTimeout):
-                async with b.lock("long", ttl=0.5, timeout=0.1):
+                async with b.lock("long", ttl=2.0, timeout=0.1):
                     pass
     finally:
         await a.close()
