@@ -42,7 +42,7 @@ PAGE = ("<!doctype html><title>Bench</title><h1>Bench</h1><input aria-label=Name
 
 def with_site(client: SandboxClient) -> tuple[Sandbox, str]:
     sb = client.create_sandbox(memory="2Gi")
-    sb.upload_content("/workspace/site/index.html", PAGE.encode())
+    sb.upload_content(PAGE.encode(), "/workspace/site/index.html")
     sb.start_process("python3 -m http.server 8000 --bind 127.0.0.1 --directory /workspace/site")
     while not sb.exec("python3 -c \"import urllib.request as u; "
                       "u.urlopen('http://127.0.0.1:8000/')\"").ok:

@@ -29,10 +29,10 @@ def state_path(site: str) -> str:
 
 def start_sites(sandbox: Sandbox, task: WebTask, timeout: float = 30.0) -> None:
     """Upload and start the task's sites; return once each answers on its port."""
-    sandbox.upload_content(f"{IN_SANDBOX}/sitekit.py", (SITES_DIR / "sitekit.py").read_bytes())
+    sandbox.upload_content((SITES_DIR / "sitekit.py").read_bytes(), f"{IN_SANDBOX}/sitekit.py")
     for site in task.sites:
-        sandbox.upload_content(f"{IN_SANDBOX}/{site}.py",
-                               (SITES_DIR / f"{site}.py").read_bytes())
+        sandbox.upload_content((SITES_DIR / f"{site}.py").read_bytes(),
+                               f"{IN_SANDBOX}/{site}.py")
         sandbox.start_process(f"python3 {IN_SANDBOX}/{site}.py --port {SITE_PORTS[site]} "
                               f"--state {state_path(site)}")
     ports = " ".join(str(SITE_PORTS[s]) for s in task.sites)

@@ -25,13 +25,14 @@ import time
 
 from .common import HTTPError
 
+BUNDLE_PYTHON = "/.orchard/bundle/bin/python3"
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome", "headless_shell")
 VIEWPORT = (1280, 800)
 MAX_TREE_CHARS = 24000
 SKIP_ROLES = {"none", "generic", "InlineTextBox", "LineBreak", "RootWebArea", "paragraph",
               "Section", "group", "LabelText"}
 # After these, a navigation may begin a moment later: wait that long for one to start.
-MAY_NAVIGATE = {"click", "press", "back", "type"}
+MAY_NAVIGATE = {"click", "press", "back"}
 NAVIGATION_GRACE = 0.15
 KEYS = {"Enter": 13, "Tab": 9, "Escape": 27, "Backspace": 8, "Delete": 46, "Space": 32,
         "ArrowUp": 38, "ArrowDown": 40, "ArrowLeft": 37, "ArrowRight": 39, "Home": 36,
@@ -69,6 +70,10 @@ class StaleElement(Exception):
     """The id is not on the page any more: an observation for the model, not a failure."""
 
 
+class StillLoading(Exception):
+    """The page did not finish loading within the action's timeout (an observation too)."""
+
+
 class _DevTools:
     """One Chromium and its protocol pipe; requests from any thread, events kept per session."""
 
@@ -81,7 +86,7 @@ class _DevTools:
         # Python put them there: dash, the usual /bin/sh, cannot name fds above 9.
         profile = "/tmp/.orchard-browser"
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _ON_3_AND_4, str(to_r), str(from_w), executable,
+            [_python(), "-I", "-S", "-c", _ON_3_AND_4, str(to_r), str(from_w), executable,
              "--headless", "--no-sandbox",
              "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
              "--no-default-browser-check", "--disable-extensions", "--disable-sync",
@@ -182,6 +187,12 @@ class _DevTools:
             self.proc.wait(5)
 
 
+def _python():
+    """The agent's interpreter as this process sees it: a forked agent's sys.executable names a
+    host path, gone inside the sandbox, where the bundle's is."""
+    return next((p for p in (sys.executable, BUNDLE_PYTHON) if os.path.exists(p)), sys.executable)
+
+
 def _high(fd):
     moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
     os.close(fd)
@@ -234,23 +245,35 @@ class Browser:
             self._ensure()
             error = None
             action = req.get("action", "observe")
-            since = time.monotonic() if action in MAY_NAVIGATE else 0.0
+            navigates = action in MAY_NAVIGATE or action == "type" and req.get("submit")
+            since = time.monotonic() if navigates else 0.0
             try:
                 self._do(action, req, timeout)
+                if not self._tools.settle(self._session, timeout, since):
+                    raise StillLoading(f"the page was still loading after {timeout:g}s")
             except StaleElement as e:
                 error = str(e)
+            except StillLoading as e:
+                error = str(e)
+                # Until it is stopped, a hung navigation holds up the observation too.
+                with contextlib.suppress(HTTPError, RuntimeError):
+                    self._page("Page.stopLoading", timeout=5)
             except RuntimeError as e:  # the protocol refused it, e.g. a bad URL
                 error = f"{req.get('action')} failed: {e}"
-            settled = self._tools.settle(self._session, timeout, since)
-            if not settled:
-                error = error or f"the page was still loading after {timeout:g}s"
             return self._observe(req, error)
 
     def _do(self, action, req, timeout):
         if action == "observe":
             return
         if action == "goto":
-            result = self._page("Page.navigate", {"url": str(req["url"])}, timeout)
+            try:
+                result = self._page("Page.navigate", {"url": str(req["url"])}, timeout)
+            except HTTPError as e:
+                if e.status != 504 or not self._tools.alive():
+                    raise
+                # Navigate answers once the server does: one that never does is a slow page.
+                raise StillLoading(f"{req['url']} was still loading after {timeout:g}s (its "
+                                   "server did not answer)") from None
             if result.get("errorText"):
                 raise RuntimeError(f"{req['url']}: {result['errorText']}")
         elif action == "click":

@@ -53,6 +53,9 @@ _spec = importlib.util.spec_from_file_location("orchard_agent_boot", AGENT_BOOT)
 _boot = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_boot)
 agent = _boot.load()
+# The agent imports its browser only when asked to browse, and inside the sandbox this host
+# path is gone; loaded here, its pages are shared by every sandbox until one browses.
+importlib.import_module("orchard_agent.browser")
 
 # The user namespace comes last: as host root we may join any namespace, including one
 # the host owns (a network namespace prepared for the sandbox), which we could not once in the
