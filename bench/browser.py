@@ -7,7 +7,9 @@ One orchestrator, one run, "host" sandboxes serving a small page from inside the
 * round trip: ``--actions`` alternating type+observe actions, tree only and with a marked
   screenshot, next to a bare exec of ``true`` in the same sandbox (the baseline);
 * memory: ``--concurrent`` sandboxes with a browser open at once, each one's cgroup memory
-  (the sandbox's own accounting: agent, Chromium and its renderer).
+  (the sandbox's own accounting: agent, Chromium and its renderer);
+* eval: ``orchard eval`` of the bundled web tasks with the scripted web teacher (solving
+  everything), 2 at a time: wall time and rollouts per minute.
 
     .venv/bin/python bench/browser.py [-n 5] [--actions 40] [--concurrent 8] [--quick]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -119,6 +122,22 @@ def _cgroup_memory(server: BenchServer, sandbox_id: str) -> int | None:
     return None
 
 
+def web_eval(client: SandboxClient, quick: bool) -> dict[str, Any]:
+    from orchard.eval import RunConfig, evaluate, make_harness
+    from orchard.tasks.web import load_web_tasks
+
+    tasks = load_web_tasks()[:4 if quick else None]
+    with tempfile.TemporaryDirectory(prefix="orchard-bench-web-") as tmp:
+        out = Path(tmp)
+        t0 = time.perf_counter()
+        summary = evaluate(tasks, make_harness("web-teacher", tasks), out, client,
+                           config=RunConfig(out=out, concurrency=2))
+        wall = time.perf_counter() - t0
+    overall = summary["overall"]
+    return {"tasks": len(tasks), "wall_s": wall, "resolved_rate": overall["resolved_rate"],
+            "rollouts_per_minute": overall.get("rollouts_per_minute")}
+
+
 def report(args: Any, r: dict[str, Any]) -> None:
     s, t, m = r["start"], r["round_trip"], r["memory"]
     rows = [
@@ -132,6 +151,9 @@ def report(args: Any, r: dict[str, Any]) -> None:
         ["exec of true, same sandbox (baseline, p50)", f"{t['exec']['p50']:.1f} ms", ""],
         [f"memory per sandbox, {m['n']} browsers at once (median)",
          f"{m['median_mib']:.0f} MiB" if m["median_mib"] else "n/a", "cgroup accounting"],
+        [f"eval of {r['eval']['tasks']} web tasks, web teacher, 2 at a time",
+         f"{r['eval']['wall_s']:.1f} s", f"resolved {r['eval']['resolved_rate']:.0%}, "
+         f"{r['eval']['rollouts_per_minute']:.1f} rollouts/min"],
     ]
     print_table("the sandbox's browser (one run)", ["what", "measured", "vs"], rows)
 
@@ -150,6 +172,7 @@ def main() -> int:
         results["start"] = starts(client, args.n)
         results["round_trip"] = round_trips(client, args.actions)
         results["memory"] = memory(client, server, args.concurrent)
+        results["eval"] = web_eval(client, args.quick)
     return finish("browser", args, results, server, report)
 
 

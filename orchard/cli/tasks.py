@@ -151,13 +151,15 @@ def _validate_web(client: SandboxClient, tasks: list[WebTask], concurrency: int,
 def eval_(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Run directory: results, traces; rerun to resume.")],
-    tasks: Annotated[str, typer.Option(help="'bundled', 'humaneval' or a path (see `orchard "
-                                            "tasks list --help`).")] = "bundled",
+    tasks: Annotated[str, typer.Option(help="'bundled', 'humaneval', 'web' or a path (see "
+                                            "`orchard tasks list --help`).")] = "bundled",
     split: _Split = None,
     task: _TaskIds = None,
     harness: Annotated[str, typer.Option(
         help="oracle (gold patch), teacher (mini-swe-agent + scripted teacher model) or "
-             "mini-swe-agent (needs --model-url and --model).")] = "oracle",
+             "mini-swe-agent (needs --model-url and --model); for web tasks, web-teacher "
+             "(the browser agent + scripted web teacher) or browser-agent (needs --model-url "
+             "and --model).")] = "oracle",
     n: Annotated[int, typer.Option(min=1, help="Samples per task (pass@k needs k <= n).")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 2,
     model_url: Annotated[str | None, typer.Option(
@@ -203,7 +205,8 @@ def eval_(
     from orchard.eval.progress import RunProgress
     from orchard.rollout.minisweagent import config_from_specs
 
-    loaded = _load(tasks, split, task)
+    loaded: list[Task] | list[WebTask] = (_load_web(tasks, split, task) if _is_web(tasks)
+                                           else _load(tasks, split, task))
     try:
         overrides = config_from_specs(config or [])
         h = make_harness(harness, loaded, model_url=model_url, model=model,
@@ -212,7 +215,7 @@ def eval_(
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
     settings = {"tasks": tasks, "split": split, "harness": harness, "model": model,
-                "teacher_solve": teacher_solve if harness == "teacher" else None}
+                "teacher_solve": teacher_solve if "teacher" in harness else None}
     run_config = RunConfig(out=out, n=n, concurrency=concurrency, max_attempts=max_attempts,
                            cpu=cpu, memory=memory, heartbeat_interval=heartbeat_interval,
                            settings=settings)

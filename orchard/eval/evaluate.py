@@ -26,18 +26,34 @@ from orchard.eval.harness import (
 )
 from orchard.eval.results import RolloutResult
 from orchard.eval.runner import RunConfig, Runner
+from orchard.eval.web_harness import BrowserAgentHarness, WebTeacherHarness
 from orchard.tasks.model import Task
+from orchard.tasks.web.model import WebTask
+
+WEB_HARNESSES = ("web-teacher", "browser-agent")
 
 
-def make_harness(name: str, tasks: Sequence[Task], *, model_url: str | None = None,
+def make_harness(name: str, tasks: Sequence[Task] | Sequence[WebTask], *,
+                 model_url: str | None = None,
                  model: str | None = None, teacher_solve: float = 1.0,
                  config: dict[str, Any] | None = None, token_ids: bool = True,
                  render_with: str | Path | None = None) -> Harness:
-    """A bundled harness by name: ``oracle``, ``teacher`` or ``mini-swe-agent``."""
+    """A bundled harness by name: ``oracle``, ``teacher`` or ``mini-swe-agent``; for web tasks
+    ``web-teacher`` or ``browser-agent``."""
+    web = [t for t in tasks if isinstance(t, WebTask)]
+    if web and name not in WEB_HARNESSES:
+        raise ValueError(f"web tasks run with {' or '.join(WEB_HARNESSES)}, not {name!r}")
+    if name == "web-teacher":
+        return WebTeacherHarness(web, solve=teacher_solve)
+    if name == "browser-agent":
+        if not model_url or not model:
+            raise ValueError("the browser-agent harness needs --model-url and --model")
+        return BrowserAgentHarness(model_url, model)
+    swe = [t for t in tasks if isinstance(t, Task)]
     if name == "oracle":
         return OracleHarness()
     if name == "teacher":
-        return TeacherHarness(tasks, solve=teacher_solve, config=config)
+        return TeacherHarness(swe, solve=teacher_solve, config=config)
     if name == "mini-swe-agent":
         if not model_url or not model:
             raise ValueError("the mini-swe-agent harness needs --model-url (an OpenAI-"
@@ -45,10 +61,12 @@ def make_harness(name: str, tasks: Sequence[Task], *, model_url: str | None = No
                              "(the name it serves)")
         return MiniSweAgentHarness(model_url, model, token_ids=token_ids, config=config,
                                    render_with=render_with)
-    raise ValueError(f"unknown harness {name!r}; choose one of {', '.join(HARNESSES)}")
+    raise ValueError(f"unknown harness {name!r}; choose one of "
+                     f"{', '.join((*HARNESSES, *WEB_HARNESSES))}")
 
 
-def evaluate(tasks: Sequence[Task], harness: Harness, out: Path, client: SandboxClient, *,
+def evaluate(tasks: Sequence[Task] | Sequence[WebTask], harness: Harness, out: Path,
+             client: SandboxClient, *,
              config: RunConfig | None = None, proxy_url: str | None = None,
              on_start: Callable[[RolloutResult | None, int, int], None] | None = None,
              on_result: Callable[[RolloutResult], None] | None = None) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from orchard.env.client import Sandbox, SandboxClient
 from orchard.tasks.model import Task
+from orchard.tasks.web.model import WebTask
 from orchard.tasks.workspace import Workspace, open_task_sandbox, prepare_workspace
 
 PATCH_LIMIT = 8 << 20
@@ -90,7 +91,7 @@ class Heartbeats:
 class RolloutContext:
     """One attempt at one rollout, as the runner hands it to a harness."""
 
-    task: Task
+    task: Task | WebTask
     client: SandboxClient
     rollout_id: str
     """The proxy session and the sandboxes' ``session``: joins the rollout's trace."""
@@ -126,6 +127,22 @@ class RolloutContext:
             with self.timed():
                 self.heartbeats.add(sandbox)
                 self.workspace = prepare_workspace(sandbox, self.task)
+            yield sandbox
+        finally:
+            self.heartbeats.discard(sandbox.id)
+            with self.timed(), contextlib.suppress(Exception):
+                sandbox.delete()
+
+    @contextlib.contextmanager
+    def web_sandbox(self) -> Iterator[Sandbox]:
+        """A sandbox for a web task (its sites are the harness's to start); deleted after."""
+        with self.timed():
+            sandbox = self.client.create_sandbox(
+                self.task.image, labels=self.labels, session=self.rollout_id,
+                ttl=self.sandbox_timeout, cpu=self.cpu, memory=self.memory)
+        try:
+            with self.timed():
+                self.heartbeats.add(sandbox)
             yield sandbox
         finally:
             self.heartbeats.discard(sandbox.id)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from orchard.tasks.grading import Grade
+from orchard.tasks.web.grading import WebGrade
 
 FailureClass = Literal["environment", "model", "task", "harness", "grading"]
 
@@ -49,7 +50,7 @@ class RolloutResult(BaseModel):
     patch: str = ""
     resolved: bool = False
     reward: float = -1.0
-    grade: Grade | None = None
+    grade: Grade | WebGrade | None = None
     failure: Failure | None = None
     n_steps: int = 0
     n_tokens: int = 0
@@ -155,9 +156,10 @@ def flat_row(r: RolloutResult) -> dict[str, Any]:
         "sample": r.sample, "harness": r.harness, "attempts": r.attempts,
         "exit_status": r.exit_status, "resolved": r.resolved, "reward": r.reward,
         "outcome": g.outcome if g else None, "reason": g.reason if g else None,
-        "patch_method": g.patch_method if g else None,
-        "f2p_total": g.f2p_total if g else None, "f2p_passed": g.f2p_passed if g else None,
-        "p2p_total": g.p2p_total if g else None, "p2p_passed": g.p2p_passed if g else None,
+        "patch_method": getattr(g, "patch_method", None),
+        "f2p_total": getattr(g, "f2p_total", None), "f2p_passed": getattr(g, "f2p_passed", None),
+        "p2p_total": getattr(g, "p2p_total", None), "p2p_passed": getattr(g, "p2p_passed", None),
+        "answer": getattr(g, "answer", None),
         "failure_class": r.failure.cls if r.failure else None,
         "failure": r.failure.message if r.failure else None,
         "n_steps": r.n_steps, "n_tokens": r.n_tokens, "model_calls": r.model_calls,

@@ -28,7 +28,13 @@ from pydantic import BaseModel, Field
 
 from orchard.env.client import InvalidRequest, OrchardError, SandboxClient
 from orchard.env.quantities import parse_cpu, parse_memory
-from orchard.eval.harness import Harness, HarnessError, Heartbeats, RolloutContext
+from orchard.eval.harness import (
+    Harness,
+    HarnessError,
+    HarnessResult,
+    Heartbeats,
+    RolloutContext,
+)
 from orchard.eval.results import (
     Failure,
     FailureClass,
@@ -38,8 +44,11 @@ from orchard.eval.results import (
     summarize,
     write_outputs,
 )
+from orchard.eval.web_harness import WEB_GRADE
 from orchard.tasks.grading import grade
 from orchard.tasks.model import Task
+from orchard.tasks.web.grading import WebGrade
+from orchard.tasks.web.model import WebTask
 from orchard.tasks.workspace import TaskSetupError
 
 log = logging.getLogger(__name__)
@@ -89,7 +98,7 @@ def _scaled(cpu: str, memory: str, attempt: int) -> tuple[str, str]:
 
 
 class Runner:
-    def __init__(self, config: RunConfig, tasks: Sequence[Task], harness: Harness,
+    def __init__(self, config: RunConfig, tasks: Sequence[Task | WebTask], harness: Harness,
                  client: SandboxClient, *, proxy_url: str | None = None,
                  on_result: Callable[[RolloutResult], None] | None = None,
                  on_start: Callable[[RolloutResult | None, int, int], None] | None = None) -> None:
@@ -138,7 +147,7 @@ class Runner:
 
     # --- running ----------------------------------------------------------------------------
 
-    def pending(self, done: set[tuple[str, int]]) -> list[tuple[Task, int]]:
+    def pending(self, done: set[tuple[str, int]]) -> list[tuple[Task | WebTask, int]]:
         return [(t, k) for k in range(self.config.n) for t in self.tasks
                 if (t.instance_id, k) not in done]
 
@@ -179,7 +188,7 @@ class Runner:
                                                     **self.config.settings})
         return summary
 
-    def rollout(self, task: Task, k: int, beats: Heartbeats) -> RolloutResult:
+    def rollout(self, task: Task | WebTask, k: int, beats: Heartbeats) -> RolloutResult:
         """One rollout: the harness (retried on environment failures), then grading."""
         started = time.time()
         t0 = time.monotonic()
@@ -217,13 +226,20 @@ class Runner:
             result.patch = outcome.patch
             result.n_steps, result.n_tokens = outcome.n_steps, outcome.n_tokens
         if self.config.grade and result.failure is None:
-            self._grade(task, result)
+            self._grade(task, result, outcome)
         self._trace(result)
         result.timings.total = time.monotonic() - t0
         result.ended_at = time.time()
         return result
 
-    def _grade(self, task: Task, result: RolloutResult) -> None:
+    def _grade(self, task: Task | WebTask, result: RolloutResult,
+               outcome: HarnessResult | None) -> None:
+        if isinstance(task, WebTask):
+            # Graded by the harness, in the rollout's sandbox, where the sites' state was.
+            if outcome is not None and WEB_GRADE in outcome.detail:
+                result.grade = WebGrade.model_validate(outcome.detail[WEB_GRADE])
+                result.resolved, result.reward = result.grade.resolved, result.grade.reward
+            return
         labels = {RUN_LABEL: self.run_id, ROLLOUT_LABEL: result.rollout_id,
                   TASK_LABEL: task.instance_id}
         g0 = time.monotonic()

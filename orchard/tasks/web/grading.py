@@ -59,9 +59,9 @@ class GoldFailed(RuntimeError):
     """A gold step could not be played: the task's script no longer fits its sites."""
 
 
-def element_id(page: BrowserObservation, target: str) -> int | None:
+def element_id(tree: str, target: str) -> int | None:
     """The id of the first element whose tree line starts with ``target``."""
-    for line in page.tree.splitlines():
+    for line in tree.splitlines():
         line = line.strip()
         if line.startswith("[") and "] " in line:
             number, rest = line[1:].split("] ", 1)
@@ -75,7 +75,7 @@ def play(sandbox: Sandbox, page: BrowserObservation, step: GoldStep,
     """One gold (or teacher) step on the page as last observed."""
     params: dict[str, object] = {"timeout": timeout}
     if step.target is not None:
-        found = element_id(page, step.target)
+        found = element_id(page.tree, step.target)
         if found is None:
             raise GoldFailed(f"no element {step.target!r} on {page.url}:\n{page.tree[:2000]}")
         params["id"] = found

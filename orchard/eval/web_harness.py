@@ -1,0 +1,79 @@
+"""Harnesses of the web domain: the browser agent on a model, and the scripted web teacher.
+
+A web rollout is graded in its own sandbox, where the sites' final state lives, before the
+sandbox goes: the harness hands the grade to the runner in ``HarnessResult.detail``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Self
+
+from orchard.eval.harness import HarnessError, HarnessResult, RolloutContext
+from orchard.tasks.web.environment import start_sites
+from orchard.tasks.web.grading import grade_web
+from orchard.tasks.web.model import WebTask
+
+WEB_GRADE = "web_grade"
+
+
+class BrowserAgentHarness:
+    """``orchard.rollout.browser_agent`` on the rollout's sandbox, calling ``model`` at the
+    rollout's model URL (the recording proxy's session), within the task's budget."""
+
+    name = "browser-agent"
+
+    def __init__(self, model_url: str, model: str, *, screenshots: bool = False) -> None:
+        self.model_upstream: str | None = model_url
+        self.model = model
+        self.screenshots = screenshots
+
+    def run(self, ctx: RolloutContext) -> HarnessResult:
+        from orchard.rollout.browser_agent import run_browser_agent
+
+        task = ctx.task
+        if not isinstance(task, WebTask):
+            raise HarnessError(f"{self.name} runs web tasks; {task.instance_id} is not one")
+        if ctx.model_url is None:
+            raise HarnessError(f"{self.name} needs a model URL; the runner gives the "
+                               "recording proxy's")
+        with ctx.web_sandbox() as sandbox:
+            with ctx.timed():
+                start_sites(sandbox, task)
+            result = run_browser_agent(
+                sandbox, task.goal, task.start_url, ctx.model_url, self.model,
+                max_steps=task.budget.steps, screenshots=self.screenshots,
+                action_timeout=task.budget.action_timeout)
+            with ctx.timed():
+                grade = grade_web(sandbox, task, result.answer)
+        return HarnessResult(exit_status=result.exit_status, n_steps=result.n_steps,
+                             n_tokens=result.n_tokens,
+                             detail={"answer": result.answer, WEB_GRADE: grade.model_dump()})
+
+
+class WebTeacherHarness(BrowserAgentHarness):
+    """The browser agent driven by the scripted web teacher (``tasks.web.teacher``), which
+    plays the gold run on a ``solve`` share of its turns and gives up on the rest."""
+
+    name = "web-teacher"
+
+    def __init__(self, tasks: Sequence[WebTask], solve: float = 1.0, seed: int = 0) -> None:
+        super().__init__("", "teacher")
+        self.tasks, self.solve, self.seed = list(tasks), solve, seed
+        self._server: Any = None
+
+    def __enter__(self) -> Self:
+        from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+        from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+        from orchard.tasks.web.teacher import web_teacher
+
+        policy = FunctionPolicy(web_teacher(self.tasks, self.solve, self.seed))
+        self._server = TeacherServer(policy, load_tokenizer(TEST_TOKENIZER),
+                                     model_name=self.model)
+        self.model_upstream = self._server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None

@@ -1,0 +1,63 @@
+"""A scripted web teacher: a model policy that plays each task's gold run as tool calls.
+
+Served by the teacher model server (``orchard.rollout.teacher``), it drives the browser agent
+(``orchard.rollout.browser_agent``) like a model would: it reads the goal to know the task, the
+latest page to find each gold step's element, and answers with one ``browser`` call, then
+``finish`` (with the answer, for a question). With ``solve`` below 1 it gives up at once on
+that share of its turns, finishing with no answer, so its rollouts mix successes and failures.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from orchard.rollout.policies import Messages, Policy, PolicyError, Reply, ToolCall, Tools
+from orchard.tasks.web.grading import element_id
+from orchard.tasks.web.model import WebTask
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0, seed: int = 0) -> Policy:
+    """The policy (see the module doc)."""
+    by_goal = {t.goal: t for t in tasks}
+    rng = random.Random(seed)
+
+    def policy(messages: Messages, tools: Tools) -> Reply:
+        opening = next((_text(m) for m in messages if m.get("role") == "user"), "")
+        task = next((t for goal, t in by_goal.items() if goal in opening), None)
+        if task is None:
+            raise PolicyError("the web teacher knows no task with this goal")
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        pages = [_text(m) for m in messages if m.get("role") in ("user", "tool")
+                 and "URL: " in _text(m)]
+        steps = task.gold
+        if turn >= len(steps) or rng.random() >= solve:
+            return Reply(content="Done.", tool_calls=[ToolCall("finish", {})])
+        step = steps[turn]
+        if step.action == "answer":
+            return Reply(content="I have the answer.",
+                         tool_calls=[ToolCall("finish", {"answer": step.text})])
+        args: dict[str, Any] = {"action": step.action}
+        if step.target is not None:
+            found = element_id(pages[-1] if pages else "", step.target)
+            if found is None:  # the page is not what the script expects: give up honestly
+                return Reply(content=f"I cannot find {step.target}.",
+                             tool_calls=[ToolCall("finish", {})])
+            args["id"] = found
+        for name in ("url", "text", "value", "key"):
+            if getattr(step, name) is not None:
+                args[name] = getattr(step, name)
+        if step.action == "type" and step.submit:
+            args["submit"] = True
+        return Reply(content=f"Next: {step.action} {step.target or step.url or ''}".strip(),
+                     tool_calls=[ToolCall("browser", args)])
+
+    return policy

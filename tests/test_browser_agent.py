@@ -1,0 +1,104 @@
+"""The browser agent loop, driven by the scripted web teacher through the recording proxy: one
+trace joins the model calls and the browser actions, and the checker grades the sites."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchard.env.client import SandboxClient
+from orchard.eval import RunConfig, evaluate, make_harness
+from orchard.eval.results import read_results
+from orchard.rollout.browser_agent import run_browser_agent
+from orchard.rollout.proxy import ProxySettings, create_proxy_app
+from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.rollout.trace import collect_trace
+from orchard.serving import ThreadedServer
+from orchard.tasks.web import grade_web, load_web_tasks, start_sites
+from orchard.tasks.web.teacher import web_teacher
+from tests.conftest import needs_browser, needs_root
+
+pytestmark = [needs_root, needs_browser]
+TASKS = {t.instance_id: t for t in load_web_tasks()}
+
+
+@contextlib.contextmanager
+def web_teacher_proxy(store: Path, solve: float = 1.0) -> Iterator[str]:
+    policy = FunctionPolicy(web_teacher(list(TASKS.values()), solve=solve))
+    with TeacherServer(policy, load_tokenizer(TEST_TOKENIZER), model_name="teacher") as teacher:
+        proxy = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[teacher.url],
+                                                              store=store)), "proxy")
+        proxy.start()
+        try:
+            yield proxy.url or ""
+        finally:
+            proxy.stop()
+
+
+@pytest.fixture(scope="module")
+def client(orchestrator: str) -> Iterator[SandboxClient]:
+    with SandboxClient(orchestrator) as c:
+        yield c
+
+
+@pytest.mark.parametrize("instance_id", ["shop-buy-mouse", "mail-booking-code"])
+def test_a_teacher_rollout_is_graded_and_leaves_one_trace(
+        client: SandboxClient, tmp_path: Path, instance_id: str) -> None:
+    task = TASKS[instance_id]
+    session = f"web-{uuid.uuid4().hex[:8]}"
+    with web_teacher_proxy(tmp_path / "store") as proxy, \
+            client.create_sandbox(session=session, memory="2Gi") as sb:
+        start_sites(sb, task)
+        result = run_browser_agent(sb, task.goal, task.start_url, f"{proxy}/s/{session}/v1",
+                                   "teacher", max_steps=task.budget.steps)
+        grade = grade_web(sb, task, result.answer)
+    assert result.exit_status == "Submitted", result.messages[-3:]
+    assert grade.resolved, grade.reason
+    trace = collect_trace(session, client, tmp_path / "store")
+    browsing = [e for e in trace.sandbox_events if e.kind.value == "browser"]
+    # Every model call is recorded with its tokens, and every action it chose is an event.
+    assert len(trace.model_calls) == result.n_steps
+    assert all(c.get("response") for c in trace.model_calls)
+    assert len(browsing) == 1 + result.n_steps - 1  # the first goto, then one per action call
+    assert [s.source for s in trace.timeline].count("model") == result.n_steps
+
+
+def test_a_weak_teacher_fails_honestly(client: SandboxClient, tmp_path: Path) -> None:
+    task = TASKS["shop-buy-mouse"]
+    session = f"web-{uuid.uuid4().hex[:8]}"
+    with web_teacher_proxy(tmp_path / "store", solve=0.0) as proxy, \
+            client.create_sandbox(session=session) as sb:
+        start_sites(sb, task)
+        result = run_browser_agent(sb, task.goal, task.start_url, f"{proxy}/s/{session}/v1",
+                                   "teacher")
+        grade = grade_web(sb, task, result.answer)
+    assert result.exit_status == "Submitted" and result.n_steps == 1
+    assert not grade.resolved and grade.outcome == "unresolved"
+
+
+def test_eval_runs_web_tasks_with_the_web_teacher(client: SandboxClient, tmp_path: Path
+                                                  ) -> None:
+    chosen = [TASKS[i] for i in ("shop-price-tent", "booking-cancel-team-sync",
+                                 "wiki-rust-package-manager")]
+    out = tmp_path / "run"
+    harness = make_harness("web-teacher", chosen, teacher_solve=1.0)
+    summary = evaluate(chosen, harness, out, client, config=RunConfig(out=out, n=2))
+    assert summary["overall"]["rollouts"] == 6
+    assert summary["overall"]["resolved_rate"] == 1.0, summary
+    rows = read_results(out)
+    assert {r.grade.outcome for r in rows if r.grade} == {"resolved"}
+    assert all(r.trace and (out / r.trace).is_file() for r in rows)
+    trace = json.loads((out / rows[0].trace).read_text())
+    assert trace["model_calls"] and any(e["kind"] == "browser" for e in trace["sandbox_events"])
+    # A rerun resumes: nothing is left to do.
+    again = evaluate(chosen, make_harness("web-teacher", chosen), out, client,
+                     config=RunConfig(out=out, n=2))
+    assert again["overall"]["rollouts"] == 6 and len(read_results(out)) == 6
+    with pytest.raises(ValueError, match="web tasks run with"):
+        make_harness("oracle", chosen)
