@@ -15,6 +15,7 @@ from orchard.env.client import SandboxClient
 from orchard.eval import RunConfig, evaluate, make_harness
 from orchard.eval.results import read_results
 from orchard.rollout.browser_agent import run_browser_agent
+from orchard.rollout.export import IMAGE_MARK, to_dataset, write_swe_jsonl
 from orchard.rollout.proxy import ProxySettings, create_proxy_app
 from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
@@ -102,3 +103,29 @@ def test_eval_runs_web_tasks_with_the_web_teacher(client: SandboxClient, tmp_pat
     assert again["overall"]["rollouts"] == 6 and len(read_results(out)) == 6
     with pytest.raises(ValueError, match="web tasks run with"):
         make_harness("oracle", chosen)
+
+
+def test_screenshots_travel_as_image_parts_and_are_recorded(client: SandboxClient,
+                                                            tmp_path: Path) -> None:
+    task = TASKS["mail-booking-code"]
+    session = f"web-{uuid.uuid4().hex[:8]}"
+    with web_teacher_proxy(tmp_path / "store") as proxy, \
+            client.create_sandbox(session=session, memory="2Gi") as sb:
+        start_sites(sb, task)
+        result = run_browser_agent(sb, task.goal, task.start_url, f"{proxy}/s/{session}/v1",
+                                   "teacher", screenshots=True)
+        assert grade_web(sb, task, result.answer).resolved
+    images = [m for m in result.messages if isinstance(m.get("content"), list)]
+    assert len(images) == result.n_steps  # one per page the model saw
+    trace = collect_trace(session, client, tmp_path / "store")
+    last = json.dumps(trace.model_calls[-1])
+    assert "data:image/png;base64," in last  # the request as sent, image and all
+    # The public schema's rows reference the images by file; a dataset keeps them inline.
+    assert write_swe_jsonl([trace], tmp_path / "rows.jsonl") == 1
+    row = json.loads((tmp_path / "rows.jsonl").read_text())
+    marks = sum(m["content"].count(IMAGE_MARK) for m in row["messages"])
+    assert marks == len(row["images"]) == result.n_steps
+    for ref in row["images"]:
+        assert (tmp_path / ref).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    dataset = to_dataset([trace])
+    assert dataset[0]["images"][0].startswith("data:image/png;base64,")

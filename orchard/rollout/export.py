@@ -10,6 +10,7 @@ a harness that keeps its history; token-level samples (and the drift between tur
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
@@ -47,16 +48,41 @@ def last_chat_call(trace: Trace) -> dict[str, Any]:
         "its calls got HTTP 200")
 
 
+IMAGE_MARK = "<image>"
+
+
 def _text(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        # Text parts joined as vLLM joins them for the model (images etc. have no text form).
-        return "\n".join(p.get("text") or "" for p in content
-                         if isinstance(p, dict) and p.get("type", "text") == "text")
+        # Text parts joined as vLLM joins them for the model; an image stands as IMAGE_MARK,
+        # and the row's "images" column says, in order, where each one is.
+        return "\n".join((p.get("text") or "") if p.get("type", "text") == "text"
+                         else IMAGE_MARK for p in content if isinstance(p, dict)
+                         and p.get("type", "text") in ("text", "image_url"))
     return json.dumps(content)
+
+
+def _images(messages: list[dict[str, Any]]) -> list[str]:
+    """The image URLs of the messages' image parts, in order (data: URLs included)."""
+    return [p["image_url"]["url"] for m in messages if isinstance(m.get("content"), list)
+            for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url"]
+
+
+def save_images(row: dict[str, Any], image_dir: Path, name: str) -> dict[str, Any]:
+    """The row with its inline (data:) images written to ``image_dir`` as files and the
+    ``images`` column holding their paths relative to its parent (a dataset's layout)."""
+    paths = []
+    for i, url in enumerate(row.get("images", [])):
+        if url.startswith("data:image/png;base64,"):
+            image_dir.mkdir(parents=True, exist_ok=True)
+            target = image_dir / f"{name}-{i:03d}.png"
+            target.write_bytes(base64.b64decode(url.split(",", 1)[1]))
+            url = str(target.relative_to(image_dir.parent))
+        paths.append(url)
+    return {**row, "images": paths}
 
 
 def _tool_call(tc: dict[str, Any]) -> dict[str, Any]:
@@ -97,9 +123,12 @@ def swe_row(trace: Trace) -> dict[str, Any]:
         "started_at": trace.started_at,
         "ended_at": trace.ended_at,
     }
-    return {"tools": json.dumps(request.get("tools") or []),
-            "messages": [normalise_message(m) for m in messages],
-            "metadata": json.dumps(metadata)}
+    row = {"tools": json.dumps(request.get("tools") or []),
+           "messages": [normalise_message(m) for m in messages],
+           "metadata": json.dumps(metadata)}
+    if images := _images(messages):  # a multimodal rollout (the web domain's screenshots)
+        row["images"] = images
+    return row
 
 
 # --- JSONL ----------------------------------------------------------------------------------
@@ -135,11 +164,16 @@ def read_jsonl(path: str | Path) -> list[Trace]:
 
 
 def write_swe_jsonl(traces: Iterable[Trace], path: str | Path) -> int:
-    """One SWE row per line; returns how many."""
+    """One SWE row per line; returns how many. Rows with images get an ``images`` column of
+    file paths: the images are written to ``images/`` beside the file."""
     n = 0
-    with Path(path).open("w", encoding="utf-8") as f:
+    path = Path(path)
+    with path.open("w", encoding="utf-8") as f:
         for trace in traces:
-            f.write(json.dumps(swe_row(trace)) + "\n")
+            row = swe_row(trace)
+            if "images" in row:
+                row = save_images(row, path.parent / "images", trace.rollout_id)
+            f.write(json.dumps(row) + "\n")
             n += 1
     return n
 
@@ -168,10 +202,17 @@ def swe_features() -> datasets.Features:
 
 
 def to_dataset(traces: Iterable[Trace]) -> datasets.Dataset:
-    """The traces' SWE rows as a ``datasets.Dataset``; ValueError if one has no conversation."""
-    from datasets import Dataset
+    """The traces' SWE rows as a ``datasets.Dataset``; ValueError if one has no conversation.
+    With any multimodal rollout the rows get an ``images`` column (its data: URLs inline, so
+    the file stands alone; ``write_swe_jsonl`` writes them as files instead)."""
+    from datasets import Dataset, List, Value
 
-    return Dataset.from_list([swe_row(t) for t in traces], features=swe_features())
+    rows = [swe_row(t) for t in traces]
+    features = swe_features()
+    if any("images" in r for r in rows):
+        features["images"] = List(Value("string"))
+        rows = [{"images": [], **r} for r in rows]
+    return Dataset.from_list(rows, features=features)
 
 
 def write_parquet(traces: Iterable[Trace], path: str | Path) -> int:

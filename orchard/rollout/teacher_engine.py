@@ -54,14 +54,22 @@ class Generation:
     logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
 
 
+# What an image part becomes in the prompt: a vision model's chat template likewise puts
+# placeholder tokens where the image's embeddings go.
+IMAGE_PLACEHOLDER = "<image>"
+
+
 def _text_of(content: Any, where: str) -> str | None:
-    """Message content as text; a list of parts is joined the way vLLM joins text parts."""
+    """Message content as text; a list of parts is joined the way vLLM joins text parts, an
+    image part standing as IMAGE_PLACEHOLDER."""
     if content is None or isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         for p in content):
-        return "\n".join(str(p.get("text", "")) for p in content)
-    raise TeacherError(400, f"{where}: content must be a string or a list of text parts")
+    if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") in ("text", "image_url") for p in content):
+        return "\n".join(str(p.get("text", "")) if p["type"] == "text" else IMAGE_PLACEHOLDER
+                         for p in content)
+    raise TeacherError(400, f"{where}: content must be a string or a list of text and "
+                       "image_url parts")
 
 
 def _messages(body: dict[str, Any]) -> Messages:
