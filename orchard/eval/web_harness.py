@@ -7,6 +7,7 @@ sandbox goes: the harness hands the grade to the runner in ``HarnessResult.detai
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Self
 
 from orchard.eval.harness import HarnessError, HarnessResult, RolloutContext
@@ -23,10 +24,14 @@ class BrowserAgentHarness:
 
     name = "browser-agent"
 
-    def __init__(self, model_url: str, model: str, *, screenshots: bool = False) -> None:
+    def __init__(self, model_url: str, model: str, *, screenshots: bool = False,
+                 render_with: str | Path | None = None) -> None:
         self.model_upstream: str | None = model_url
         self.model = model
         self.screenshots = screenshots
+        self.render_with = render_with
+        """A tokenizer for the recording proxy to render chat with, for a model server that
+        only takes token-id prompts (the policy server)."""
 
     def run(self, ctx: RolloutContext) -> HarnessResult:
         from orchard.rollout.browser_agent import run_browser_agent

@@ -30,7 +30,7 @@ import torch
 
 from orchard.env.client import SandboxClient
 from orchard.eval.evaluate import evaluate
-from orchard.eval.harness import MiniSweAgentHarness
+from orchard.eval.harness import Harness, MiniSweAgentHarness
 from orchard.eval.results import RolloutResult
 from orchard.eval.runner import RunConfig
 from orchard.recipes.bar import (
@@ -46,6 +46,7 @@ from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, tok
 from orchard.recipes.serving import PolicyServer
 from orchard.rollout.samples import Sample, build_samples
 from orchard.tasks.model import Task
+from orchard.tasks.web.model import WebTask
 
 # How a harness's exit maps to BAR's statuses; a rollout that failed (environment, model,
 # harness) is aborted.
@@ -83,12 +84,12 @@ class PolicySampler:
     """``sampler(task, k)``: k new rollouts of ``task`` by the policy behind ``harness``, each
     graded; a rollout's payload is (its RolloutResult, its training samples)."""
 
-    def __init__(self, client: SandboxClient, harness: MiniSweAgentHarness, out: Path, *,
+    def __init__(self, client: SandboxClient, harness: Harness, out: Path, *,
                  concurrency: int = 2) -> None:
         self.client, self.harness, self.out, self.concurrency = client, harness, out, concurrency
         self.rounds = 0
 
-    def __call__(self, task: Task, k: int) -> list[Rollout]:
+    def __call__(self, task: Task | WebTask, k: int) -> list[Rollout]:
         self.rounds += 1
         out = self.out / f"round-{self.rounds:04d}"
         results: list[RolloutResult] = []
@@ -163,20 +164,23 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return sums
 
 
-def train_rl(model: torch.nn.Module, tasks: Sequence[Task], client: SandboxClient,
-             server: PolicyServer, out: Path, config: RLConfig, *, render_with: str | Path,
-             agent_config: Mapping[str, Any] | None = None,
+def train_rl(model: torch.nn.Module, tasks: Sequence[Task] | Sequence[WebTask],
+             client: SandboxClient, server: PolicyServer, out: Path, config: RLConfig, *,
+             render_with: str | Path, agent_config: Mapping[str, Any] | None = None,
+             harness: Harness | None = None,
              on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """``config.steps`` BAR RL steps on ``tasks``; ``server`` serves ``model`` and gets its new
-    weights after each step. Returns one record per step (also appended to out/rl.jsonl)."""
+    weights after each step. The rollouts are mini-swe-agent's on ``server`` unless another
+    ``harness`` (calling ``server``) is given, e.g. the browser agent for web tasks. Returns one
+    record per step (also appended to out/rl.jsonl)."""
     if not tasks:
         raise ValueError("RL needs at least one task")
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
     pad_id = pad_id_of(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
-    harness = MiniSweAgentHarness(server.url, server.engine.model_name,
-                                  config=agent_config, render_with=render_with)
+    harness = harness or MiniSweAgentHarness(server.url, server.engine.model_name,
+                                             config=agent_config, render_with=render_with)
     history: list[dict[str, Any]] = []
     for step in range(config.steps):
         started = time.monotonic()
@@ -184,7 +188,7 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task], client: SandboxClien
                                 concurrency=config.concurrency)
         built: list[GroupResult] = []
 
-        def make_group(task: Task, sampler: PolicySampler = sampler,
+        def make_group(task: Task | WebTask, sampler: PolicySampler = sampler,
                        built: list[GroupResult] = built) -> list[Rollout]:
             result = bar_group(lambda k: sampler(task, k), config.bar)
             built.append(result)

@@ -31,7 +31,8 @@ class Trajectory:
     resolved: bool
     reward: float
     test_output: str = ""
-    """The tail of the grading run's test output: what the gold tests said."""
+    """The tail of the grading run's test output: what the gold tests said (for a web task,
+    the checker's reason)."""
     trace_path: Path | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -58,7 +59,9 @@ def from_result(result: RolloutResult, run_dir: Path) -> Trajectory:
         rollout_id=result.rollout_id, instance_id=result.instance_id,
         messages=row["messages"], tools=json.loads(row["tools"]),
         resolved=result.resolved, reward=result.reward,
-        test_output=result.grade.test_output_tail if result.grade else "",
+        # What judged it: the gold tests' output, or a web checker's reason.
+        test_output=(getattr(result.grade, "test_output_tail", None) or result.grade.reason
+                     if result.grade else ""),
         trace_path=path,
         metadata={"run_id": result.run_id, "sample": result.sample, "harness": result.harness,
                   "exit_status": result.exit_status, "patch": result.patch,
