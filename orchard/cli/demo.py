@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, cast
 
 import typer
 from rich.console import Console
@@ -29,6 +29,9 @@ def demo(
                     ] = 0,
     rl_steps: Annotated[int, typer.Option(min=0, help="BAR RL steps after SFT.")] = 2,
     eval_n: Annotated[int, typer.Option(min=1, help="Samples per held-out task.")] = 4,
+    domain: Annotated[str, typer.Option(
+        help="swe (the generated settings family, mini-swe-agent) or web (the bundled web "
+             "tasks, the browser agent).")] = "swe",
     orchestrator: OrchestratorOption = None,
 ) -> None:
     """The training pipeline end to end: teacher trajectories -> credit-assignment SFT -> BAR
@@ -39,7 +42,9 @@ def demo(
 
     from orchard.recipes.demo import DemoConfig, pretrained, run_demo
 
-    config = DemoConfig(seed=seed, eval_n=eval_n)
+    if domain not in ("swe", "web"):
+        raise typer.BadParameter(f"--domain is swe or web, not {domain!r}")
+    config = DemoConfig(seed=seed, eval_n=eval_n, domain=cast(Literal["swe", "web"], domain))
     config.rl = replace(config.rl, steps=rl_steps, seed=seed)
     config.sft = replace(config.sft, seed=seed)
     if model == "smollm2":
@@ -57,7 +62,7 @@ def demo(
         client = stack.enter_context(SandboxClient(url, api_key=api_key))
         results = run_demo(out, config, client=client,
                            log=lambda line: console.print(line, markup=False))
-    table = Table(title=f"held-out tasks ({config.n_test}, {config.eval_n} samples each), "
+    table = Table(title=f"held-out {domain} tasks ({config.eval_n} samples each), "
                         f"seed {seed}")
     for column in ("stage", "resolved", "pass@k", "rollouts", "seconds"):
         table.add_column(column)

@@ -35,8 +35,9 @@ import torch
 
 from orchard.env.client import SandboxClient
 from orchard.eval.evaluate import evaluate
-from orchard.eval.harness import MiniSweAgentHarness, TeacherHarness
+from orchard.eval.harness import Harness, MiniSweAgentHarness, TeacherHarness
 from orchard.eval.runner import RunConfig
+from orchard.eval.web_harness import BrowserAgentHarness, WebTeacherHarness
 from orchard.recipes.bar import BARConfig
 from orchard.recipes.models import load_policy, tiny_llama
 from orchard.recipes.montecarlo import AgentContinuation, MonteCarloAnnotator
@@ -49,12 +50,17 @@ from orchard.rollout.minisweagent import config_from_specs
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.tasks.family import settings_family
 from orchard.tasks.model import Task
+from orchard.tasks.web import load_web_tasks
+from orchard.tasks.web.model import WebTask
 
 COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 
 
 @dataclass
 class DemoConfig:
+    domain: Literal["swe", "web"] = "swe"
+    """swe: the generated settings family with mini-swe-agent; web: the bundled web tasks with
+    the browser agent (no Monte-Carlo stage: SFT learns from the resolved rollouts)."""
     n_train: int = 128
     n_test: int = 16
     seed: int = 0
@@ -134,9 +140,13 @@ class Demo:
     def __init__(self, out: Path, config: DemoConfig, client: SandboxClient,
                  log: Callable[[str], None] = print) -> None:
         self.out, self.config, self.client, self.log = out, config, client, log
-        self.tasks = settings_family(config.n_train, config.n_test, config.seed)
-        self.train = [t for t in self.tasks if t.split == "train"]
-        self.test = [t for t in self.tasks if t.split == "test"]
+        self.tasks: list[Task] | list[WebTask]
+        if config.domain == "web":
+            self.tasks = load_web_tasks()
+        else:
+            self.tasks = settings_family(config.n_train, config.n_test, config.seed)
+        self.train = [t for t in self.tasks if t.split == "train"][:config.n_train]
+        self.test = [t for t in self.tasks if t.split == "test"][:config.n_test]
         self.agent_config = config_from_specs([COMPACT_CONFIG])
         self.results: dict[str, Any] = {"config": _jsonable(asdict(config)), "stages": {},
                                         "seconds": {}}
@@ -149,28 +159,52 @@ class Demo:
         self.log(f"[{name}] done in {self.results['seconds'][name]:.1f} s")
         return value
 
+    def _policy_harness(self, server: PolicyServer) -> Harness:
+        """The harness the policy runs in, calling ``server`` through the recording proxy."""
+        if self.config.domain == "web":
+            return BrowserAgentHarness(server.url or "", server.engine.model_name,
+                                       render_with=self.tokenizer_dir)
+        return MiniSweAgentHarness(server.url or "", server.engine.model_name,
+                                   config=self.agent_config, render_with=self.tokenizer_dir)
+
     def teacher(self) -> Path:
         run = self.out / "teacher"
-        harness = TeacherHarness(self.train, solve=self.config.teacher_solve,
-                                 config=self.agent_config)
+        harness: Harness = (
+            WebTeacherHarness(self.web_train, solve=self.config.teacher_solve,
+                              seed=self.config.seed) if self.config.domain == "web"
+            else TeacherHarness(self.swe_train, solve=self.config.teacher_solve,
+                                config=self.agent_config))
         summary = evaluate(self.train, harness, run, self.client,
                            config=RunConfig(out=run, concurrency=self.config.concurrency))
         self.results["teacher"] = _stage_summary(summary, 0.0)
         return run
 
+    @property
+    def swe_train(self) -> list[Task]:
+        return [t for t in self.train if isinstance(t, Task)]
+
+    @property
+    def web_train(self) -> list[WebTask]:
+        return [t for t in self.train if isinstance(t, WebTask)]
+
     def values(self, run: Path) -> dict[str, list[tuple[int, int]]]:
+        if self.config.domain == "web":
+            # Its continuations are mini-swe-agent's: the web demo trains on resolved rollouts.
+            self.results["values"] = {"annotated": 0, "skipped": "no Monte-Carlo continuation "
+                                      "for the browser agent yet"}
+            return {}
         from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 
         trajectories = [t for t in load_trajectories(run) if not t.resolved]
         trajectories = trajectories[:self.config.mc_max]
-        policy = hedged_teacher(self.train, self.config.mc_solve, self.config.seed)
+        policy = hedged_teacher(self.swe_train, self.config.mc_solve, self.config.seed)
         segments: dict[str, list[tuple[int, int]]] = {}
         with TeacherServer(FunctionPolicy(policy), load_tokenizer(TEST_TOKENIZER),
                            model_name="teacher") as server, \
                 (self.out / "values.jsonl").open("w", encoding="utf-8") as f:
             continuation = AgentContinuation(self.client, f"{server.url}/v1", "teacher",
                                              config=self.agent_config)
-            annotator = MonteCarloAnnotator(self.client, self.train, continuation,
+            annotator = MonteCarloAnnotator(self.client, self.swe_train, continuation,
                                             k=self.config.mc_k,
                                             restore=self.config.mc_restore)
             for traj in trajectories:
@@ -196,8 +230,7 @@ class Demo:
 
     def evaluate_policy(self, server: PolicyServer, name: str) -> dict[str, Any]:
         run = self.out / f"eval-{name}"
-        harness = MiniSweAgentHarness(server.url or "", server.engine.model_name,
-                                      config=self.agent_config, render_with=self.tokenizer_dir)
+        harness = self._policy_harness(server)
         started = time.monotonic()
         summary = evaluate(self.test, harness, run, self.client,
                            config=RunConfig(out=run, n=self.config.eval_n,
@@ -214,8 +247,10 @@ class Demo:
         oracle pick."""
         runs = [self.out / "teacher", *sorted((self.out / "rl").glob("step-*/round-*"))]
         value = ValueModel.tiny(tokenizer, self.config.value)
-        fit = value.train(training_examples(runs, self.train, text_of="patch"))
-        report = rerank_run(self.out / "eval-sft_rl", self.test, value, text_of="patch")
+        # A web rollout leaves no patch: its actions are what tells a good one.
+        text_of = "trajectory" if self.config.domain == "web" else "patch"
+        fit = value.train(training_examples(runs, self.train, text_of=text_of))
+        report = rerank_run(self.out / "eval-sft_rl", self.test, value, text_of=text_of)
         overall = report["overall"]
         self.results["rerank"] = {"train": fit, "runs": len(runs), **overall}
         self.log(f"  best-of-{overall['n']} on held-out tasks: value pick "
@@ -263,7 +298,7 @@ class Demo:
             rl_log = self._timed("rl", lambda: train_rl(
                 model, self.train, self.client, server, self.out / "rl", cfg.rl,
                 render_with=self.tokenizer_dir, agent_config=self.agent_config,
-                on_step=lambda r: self.log(
+                harness=self._policy_harness(server), on_step=lambda r: self.log(
                     f"  rl step {r['step']}: {r['groups']} groups, resolved "
                     f"{r['resolved_rate']:.0%} of {r['rollouts']} rollouts, "
                     f"{r['seconds']:.0f} s")))

@@ -222,8 +222,10 @@ class PolicyEngine:
         room = self.max_positions - prompt_len
         if asked is None:
             if room < 1:
-                raise RequestError(f"the prompt has {prompt_len} tokens, and this model reads at "
-                                   f"most {self.max_positions} (prompt and completion together)")
+                # The words OpenAI and vLLM use, which clients look for.
+                raise RequestError(f"this model's maximum context length is "
+                                   f"{self.max_positions} tokens (prompt and completion "
+                                   f"together), and the prompt has {prompt_len}")
             return min(DEFAULT_MAX_TOKENS, self.max_new_tokens_limit, room)
         wanted = min(asked, self.max_new_tokens_limit)
         if wanted > room:

@@ -43,6 +43,8 @@ FINISH_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {
         "answer": {"type": "string", "description": "The answer, if the goal asks for one."}}}}}
 TOOLS = [BROWSER_TOOL, FINISH_TOOL]
+# How OpenAI, vLLM and the policy server say a prompt is longer than the model reads.
+CONTEXT_FULL = "maximum context length"
 
 
 @dataclass
@@ -88,6 +90,8 @@ def run_browser_agent(sandbox: Sandbox, goal: str, start_url: str, model_url: st
         while result.n_steps < max_steps:
             reply = client.post(f"{model_url.rstrip('/')}/chat/completions", json={
                 "model": model, "messages": messages, "tools": TOOLS})
+            if reply.status_code == 400 and CONTEXT_FULL in reply.text:
+                return result  # the conversation outgrew the model: a limit, like the steps
             reply.raise_for_status()
             body = reply.json()
             result.n_steps += 1
