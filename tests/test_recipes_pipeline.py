@@ -29,7 +29,7 @@ from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.tasks.family import settings_family
 from orchard.tasks.model import Task
-from tests.conftest import needs_root
+from tests.conftest import needs_browser, needs_root
 
 pytestmark = needs_root
 
@@ -208,3 +208,23 @@ def test_branch_restores_a_step_k_times(client: SandboxClient, family: list[Task
     # The replayed sandbox they were forked from is gone too.
     assert client.get_sandbox(source).info.status.value == "deleted"
     assert client.list_sandboxes({"test": "branch"}) == []
+
+
+@needs_browser
+def test_demo_on_the_web_family(client: SandboxClient, tmp_path: Path) -> None:
+    config = DemoConfig(
+        domain="web", n_train=6, n_test=2, eval_n=1, tiny_hidden=64,
+        sft=SFTConfig(epochs=1, batch_size=4, warmup=1),
+        rl=RLConfig(steps=1, batch_prompts=1, bar=BARConfig(n=2, n_max=2, stride=2)))
+    results = run_demo(tmp_path, config, client=client, log=lambda _: None)
+    assert results["stages"].keys() == {"base", "sft", "sft_rl"}
+    for stage in results["stages"].values():
+        # A random-init policy resolves nothing, but its rollouts run and are graded: none
+        # fails for the model's or the environment's sake (a full context is a limit).
+        assert stage["rollouts"] == 2 and not stage["failures"], stage
+    teacher = json.loads((tmp_path / "teacher" / "results.json").read_text())
+    assert teacher["overall"]["rollouts"] == 6 and teacher["overall"]["resolved"] >= 1
+    assert results["values"]["annotated"] == 0  # no Monte-Carlo stage on the web yet
+    assert results["sft_data"]["examples"] >= 1 and results["sft_data"]["resolved"] >= 1
+    assert len(results["rl"]) == 1 and results["rerank"]["tasks"] == 2
+    assert client.list_sandboxes() == []

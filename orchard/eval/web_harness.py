@@ -58,13 +58,13 @@ class BrowserAgentHarness:
 
 class WebTeacherHarness(BrowserAgentHarness):
     """The browser agent driven by the scripted web teacher (``tasks.web.teacher``), which
-    plays the gold run on a ``solve`` share of its turns and gives up on the rest."""
+    plays the gold run of a ``solve`` share of the tasks and gives up on the rest."""
 
     name = "web-teacher"
 
-    def __init__(self, tasks: Sequence[WebTask], solve: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, tasks: Sequence[WebTask], solve: float = 1.0) -> None:
         super().__init__("", "teacher")
-        self.tasks, self.solve, self.seed = list(tasks), solve, seed
+        self.tasks, self.solve = list(tasks), solve
         self._server: Any = None
 
     def __enter__(self) -> Self:
@@ -72,7 +72,7 @@ class WebTeacherHarness(BrowserAgentHarness):
         from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
         from orchard.tasks.web.teacher import web_teacher
 
-        policy = FunctionPolicy(web_teacher(self.tasks, self.solve, self.seed))
+        policy = FunctionPolicy(web_teacher(self.tasks, self.solve))
         self._server = TeacherServer(policy, load_tokenizer(TEST_TOKENIZER),
                                      model_name=self.model)
         self.model_upstream = self._server.start()

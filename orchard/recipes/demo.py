@@ -170,8 +170,8 @@ class Demo:
     def teacher(self) -> Path:
         run = self.out / "teacher"
         harness: Harness = (
-            WebTeacherHarness(self.web_train, solve=self.config.teacher_solve,
-                              seed=self.config.seed) if self.config.domain == "web"
+            WebTeacherHarness(self.web_train, solve=self.config.teacher_solve)
+            if self.config.domain == "web"
             else TeacherHarness(self.swe_train, solve=self.config.teacher_solve,
                                 config=self.agent_config))
         summary = evaluate(self.train, harness, run, self.client,

@@ -3,13 +3,15 @@
 Served by the teacher model server (``orchard.rollout.teacher``), it drives the browser agent
 (``orchard.rollout.browser_agent``) like a model would: it reads the goal to know the task, the
 latest page to find each gold step's element, and answers with one ``browser`` call, then
-``finish`` (with the answer, for a question). With ``solve`` below 1 it gives up at once on
-that share of its turns, finishing with no answer, so its rollouts mix successes and failures.
+``finish`` (with the answer, for a question). It solves a ``solve`` share of the tasks, picked
+by a stable hash of their ids (as the SWE teacher does), and on the others finishes at once
+with no answer: so a run's resolved rate is known in advance and does not depend on the order
+in which concurrent rollouts reach it.
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,10 +27,12 @@ def _text(message: dict[str, Any]) -> str:
     return str(content)
 
 
-def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0, seed: int = 0) -> Policy:
+def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0) -> Policy:
     """The policy (see the module doc)."""
     by_goal = {t.goal: t for t in tasks}
-    rng = random.Random(seed)
+    ranked = sorted((t.instance_id for t in tasks),
+                    key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+    solved = set(ranked[:round(solve * len(ranked))])
 
     def policy(messages: Messages, tools: Tools) -> Reply:
         opening = next((_text(m) for m in messages if m.get("role") == "user"), "")
@@ -39,7 +43,7 @@ def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0, seed: int = 0) -> 
         pages = [_text(m) for m in messages if m.get("role") in ("user", "tool")
                  and "URL: " in _text(m)]
         steps = task.gold
-        if turn >= len(steps) or rng.random() >= solve:
+        if turn >= len(steps) or task.instance_id not in solved:
             return Reply(content="Done.", tool_calls=[ToolCall("finish", {})])
         step = steps[turn]
         if step.action == "answer":
