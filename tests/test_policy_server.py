@@ -175,7 +175,7 @@ def test_the_default_max_tokens_fits_the_context(server: PolicyServer) -> None:
 @pytest.mark.parametrize(("body", "status", "says"), [
     ({"prompt": [5, 3072]}, 400, "vocabulary"),
     ({"prompt": [5] * 2040, "max_tokens": 20}, 400, "maximum context length is 2048"),
-    ({"prompt": [5] * 2048}, 400, "at most 2048"),
+    ({"prompt": [5] * 2048}, 400, "maximum context length is 2048"),
     ({"prompt": []}, 400, "empty"),
     ({"prompt": [1.5, 2]}, 400, "list of token ids"),
     ({"max_tokens": 3}, 400, "prompt must be"),
