@@ -76,6 +76,10 @@ def play(sandbox: Sandbox, page: BrowserObservation, step: GoldStep,
     params: dict[str, object] = {"timeout": timeout}
     if step.target is not None:
         found = element_id(page.tree, step.target)
+        if found is None:  # a page still changing: look once more, as an agent would
+            time.sleep(0.5)
+            page = sandbox.browser("observe", timeout=timeout)
+            found = element_id(page.tree, step.target)
         if found is None:
             raise GoldFailed(f"no element {step.target!r} on {page.url}:\n{page.tree[:2000]}")
         params["id"] = found

@@ -133,9 +133,13 @@ class _DevTools:
                 session, method = msg.get("sessionId"), msg.get("method")
                 frames = self.loading.setdefault(session, set())
                 frame = msg.get("params", {}).get("frameId")
-                if method == "Page.frameStartedLoading":
+                # A requested navigation counts as loading at once: on a busy machine the
+                # load itself may start well after the click that asked for it returned.
+                if method in ("Page.frameStartedLoading", "Page.frameRequestedNavigation"):
                     frames.add(frame)
-                elif method in ("Page.frameStoppedLoading", "Page.frameDetached"):
+                elif method in ("Page.frameStoppedLoading", "Page.frameDetached",
+                                "Page.navigatedWithinDocument",
+                                "Page.frameClearedScheduledNavigation"):
                     frames.discard(frame)
                     self.settled_at[session] = time.monotonic()
             self._cond.notify_all()
