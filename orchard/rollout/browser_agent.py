@@ -28,8 +28,8 @@ SYSTEM = (
 BROWSER_TOOL = {"type": "function", "function": {
     "name": "browser", "description": "One action in the browser; the page after it comes back.",
     "parameters": {"type": "object", "required": ["action"], "properties": {
-        "action": {"type": "string", "enum": ["goto", "click", "type", "select", "scroll",
-                                              "press", "back", "tab"]},
+        "action": {"type": "string", "enum": ["observe", "goto", "click", "type", "select",
+                                              "scroll", "press", "back", "tab"]},
         "id": {"type": "integer", "description": "The element, from the latest page."},
         "url": {"type": "string"}, "text": {"type": "string"},
         "submit": {"type": "boolean", "description": "type: press Enter after it."},

@@ -12,6 +12,7 @@ in which concurrent rollouts reach it.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,11 @@ def _text(message: dict[str, Any]) -> str:
     return str(content)
 
 
+def _arguments(call: dict[str, Any]) -> dict[str, Any]:
+    args = call.get("function", {}).get("arguments") or "{}"
+    return args if isinstance(args, dict) else json.loads(args)
+
+
 def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0) -> Policy:
     """The policy (see the module doc)."""
     by_goal = {t.goal: t for t in tasks}
@@ -39,7 +45,10 @@ def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0) -> Policy:
         task = next((t for goal, t in by_goal.items() if goal in opening), None)
         if task is None:
             raise PolicyError("the web teacher knows no task with this goal")
-        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        # Observations it asked for (a page still changing) are not steps of the script.
+        calls = [_arguments(c) for m in messages if m.get("role") == "assistant"
+                 for c in m.get("tool_calls") or []]
+        turn = sum(1 for c in calls if c.get("action") != "observe")
         pages = [_text(m) for m in messages if m.get("role") in ("user", "tool")
                  and "URL: " in _text(m)]
         steps = task.gold
@@ -52,6 +61,10 @@ def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0) -> Policy:
         args: dict[str, Any] = {"action": step.action}
         if step.target is not None:
             found = element_id(pages[-1] if pages else "", step.target)
+            if found is None and not (calls and calls[-1].get("action") == "observe"):
+                # The page may still be changing (a slow redirect): look once more.
+                return Reply(content=f"I do not see {step.target} yet; looking again.",
+                             tool_calls=[ToolCall("browser", {"action": "observe"})])
             if found is None:  # the page is not what the script expects: give up honestly
                 return Reply(content=f"I cannot find {step.target}.",
                              tool_calls=[ToolCall("finish", {})])
