@@ -16,30 +16,22 @@ from orchard.eval import RunConfig, evaluate, make_harness
 from orchard.eval.results import read_results
 from orchard.rollout.browser_agent import run_browser_agent
 from orchard.rollout.export import IMAGE_MARK, to_dataset, write_swe_jsonl
-from orchard.rollout.proxy import ProxySettings, create_proxy_app
-from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+from orchard.rollout.teacher import FunctionPolicy
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.trace import collect_trace
-from orchard.serving import ThreadedServer
 from orchard.tasks.web import grade_web, load_web_tasks, start_sites
 from orchard.tasks.web.teacher import web_teacher
 from tests.conftest import needs_browser, needs_root
+from tests.test_minisweagent import teacher_behind_proxy
 
 pytestmark = [needs_root, needs_browser]
 TASKS = {t.instance_id: t for t in load_web_tasks()}
 
 
-@contextlib.contextmanager
-def web_teacher_proxy(store: Path, solve: float = 1.0) -> Iterator[str]:
+def web_teacher_proxy(store: Path, solve: float = 1.0) -> contextlib.AbstractContextManager[str]:
+    """The recording proxy's URL, with the web teacher behind it."""
     policy = FunctionPolicy(web_teacher(list(TASKS.values()), solve=solve))
-    with TeacherServer(policy, load_tokenizer(TEST_TOKENIZER), model_name="teacher") as teacher:
-        proxy = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[teacher.url],
-                                                              store=store)), "proxy")
-        proxy.start()
-        try:
-            yield proxy.url or ""
-        finally:
-            proxy.stop()
+    return teacher_behind_proxy(policy, load_tokenizer(TEST_TOKENIZER), store)
 
 
 @pytest.fixture(scope="module")

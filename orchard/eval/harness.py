@@ -235,7 +235,34 @@ def _stable_rank(instance_id: str) -> str:
     return hashlib.sha256(instance_id.encode()).hexdigest()
 
 
-class TeacherHarness(MiniSweAgentHarness):
+class ScriptedTeacher:
+    """A harness whose model is the scripted teacher: while the harness is entered, its
+    ``policy`` is served as a real OpenAI-compatible model (with a real tokenizer), and that
+    server is the harness's ``model_upstream``."""
+
+    model: str
+    model_upstream: str | None
+    _server: Any = None
+
+    def policy(self, messages: list[dict[str, Any]], tools: Any) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+        from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+
+        self._server = TeacherServer(FunctionPolicy(self.policy), load_tokenizer(TEST_TOKENIZER),
+                                     model_name=self.model)
+        self.model_upstream = self._server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+class TeacherHarness(ScriptedTeacher, MiniSweAgentHarness):
     """mini-swe-agent driven by the scripted teacher model (a real OpenAI-compatible server
     with a real tokenizer). For the tasks it is told to solve it applies the gold patch with a
     bash tool call and submits; for the others it looks around and submits nothing. So the
@@ -253,7 +280,6 @@ class TeacherHarness(MiniSweAgentHarness):
             self.solved = set(ranked[:round(float(solve) * len(ranked))])
         else:
             self.solved = set(solve)
-        self._server: Any = None
 
     def _task_of(self, messages: list[dict[str, Any]]) -> Task:
         first = next((str(m.get("content")) for m in messages if m["role"] == "user"), "")
@@ -283,20 +309,6 @@ class TeacherHarness(MiniSweAgentHarness):
                       ("I cannot find the problem; submitting.", SUBMIT_COMMAND)]
         thought, command = script[min(turn, len(script) - 1)]
         return Reply(content=thought, tool_calls=[ToolCall("bash", {"command": command})])
-
-    def __enter__(self) -> Self:
-        from orchard.rollout.teacher import FunctionPolicy, TeacherServer
-        from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-
-        self._server = TeacherServer(FunctionPolicy(self.policy), load_tokenizer(TEST_TOKENIZER),
-                                     model_name=self.model)
-        self.model_upstream = self._server.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
 
 
 HARNESSES = ("oracle", "teacher", "mini-swe-agent")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
-from orchard.eval.harness import HarnessError, HarnessResult, RolloutContext
+from orchard.eval.harness import HarnessError, HarnessResult, RolloutContext, ScriptedTeacher
 from orchard.tasks.web.environment import start_sites
 from orchard.tasks.web.grading import grade_web
 from orchard.tasks.web.model import WebTask
+from orchard.tasks.web.teacher import web_teacher
 
 WEB_GRADE = "web_grade"
 
@@ -56,7 +57,7 @@ class BrowserAgentHarness:
                              detail={"answer": result.answer, WEB_GRADE: grade.model_dump()})
 
 
-class WebTeacherHarness(BrowserAgentHarness):
+class WebTeacherHarness(ScriptedTeacher, BrowserAgentHarness):
     """The browser agent driven by the scripted web teacher (``tasks.web.teacher``), which
     plays the gold run of a ``solve`` share of the tasks and gives up on the rest."""
 
@@ -64,21 +65,7 @@ class WebTeacherHarness(BrowserAgentHarness):
 
     def __init__(self, tasks: Sequence[WebTask], solve: float = 1.0) -> None:
         super().__init__("", "teacher")
-        self.tasks, self.solve = list(tasks), solve
-        self._server: Any = None
+        self._policy = web_teacher(tasks, solve)
 
-    def __enter__(self) -> Self:
-        from orchard.rollout.teacher import FunctionPolicy, TeacherServer
-        from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-        from orchard.tasks.web.teacher import web_teacher
-
-        policy = FunctionPolicy(web_teacher(self.tasks, self.solve))
-        self._server = TeacherServer(policy, load_tokenizer(TEST_TOKENIZER),
-                                     model_name=self.model)
-        self.model_upstream = self._server.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+    def policy(self, messages: list[dict[str, Any]], tools: Any) -> Any:
+        return self._policy(messages, tools)
