@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import base64
+import io
 import shutil
 import struct
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from orchard.env.client import InvalidRequest, Sandbox, SandboxClient
 from orchard.rollout.replay import replay
 from orchard.rollout.trace import build_trace
 from tests.conftest import needs_browser, needs_root
+from tests.fakekube.cluster import FakeCluster
+from tests.test_kubernetes_backend import create_ready, kube_orchestrator
 
 pytestmark = [needs_root, needs_browser]
 
@@ -172,14 +177,60 @@ def test_browser_actions_are_events_and_replay(client: SandboxClient) -> None:
     assert sum(s.kind.value == "browser" for s in report.steps) == 3
 
 
-def test_a_sandbox_without_chromium_says_what_to_do(client: SandboxClient, tmp_path) -> None:
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "bin").mkdir(parents=True)
+def busybox_rootfs(path: Path) -> str:
+    """An image with no libc, no Python and no Chromium: a static busybox."""
+    (path / "bin").mkdir(parents=True)
     busybox = shutil.which("busybox")
     assert busybox is not None
-    shutil.copy(busybox, rootfs / "bin" / "busybox")
+    shutil.copy(busybox, path / "bin" / "busybox")
     for tool in ("sh", "ls"):
-        (rootfs / "bin" / tool).symlink_to("busybox")
-    with client.create_sandbox(str(rootfs)) as sb, \
-            pytest.raises(InvalidRequest, match="no Chromium in this sandbox"):
-        sb.browser("goto", url="about:blank")
+        (path / "bin" / tool).symlink_to("busybox")
+    return str(path)
+
+
+def test_an_image_without_chromium_gets_the_hosts(client: SandboxClient, tmp_path: Path
+                                                  ) -> None:
+    html = ("data:text/html;charset=utf-8,<title>Menu</title><h1>Caf%C3%A9 menu</h1>"
+            "<a href='%23tea'>Tea</a><input aria-label='Name'>")
+    with client.create_sandbox(busybox_rootfs(tmp_path / "rootfs")) as sb:
+        assert "No such file" in sb.exec("ls /usr/lib/chromium /lib").stderr
+        page = sb.browser("goto", url=html, screenshot=True)
+        assert page.error is None and page.title == "Menu", page
+        assert '"Café menu"' in page.tree and 'textbox "Name"' in page.tree
+        typed = sb.browser("type", id=ids(page.tree)['textbox "Name"'], text="Ada")
+        assert 'textbox "Name" value="Ada"' in typed.tree
+        # The carried-in fonts drew the heading: without them it has no dark pixels.
+        shot = sb.browser("observe", screenshot=True, marks=False).screenshot_png_b64
+        heading = Image.open(io.BytesIO(base64.b64decode(shot or ""))).convert("L").crop(
+            (0, 0, 400, 60))
+        assert sum(heading.histogram()[:100]) > 300  # dark pixels
+
+
+def test_without_any_chromium_the_error_says_what_to_do(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    from orchard.env.agent.server import browser
+    from orchard.env.agent.server.common import HTTPError
+
+    monkeypatch.setattr(browser, "INJECTED", str(tmp_path / "absent"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(HTTPError) as caught:
+        browser._chromium()
+    assert caught.value.status == 400 and "install Debian's chromium" in str(caught.value)
+
+
+def test_the_browser_on_kubernetes(fake_cluster: FakeCluster) -> None:
+    """The same route and observation through the Kubernetes backend: the action goes to the
+    pod's agent, and its Chromium runs in the pod (the fake kubelet's "host" image has one)."""
+    with kube_orchestrator(fake_cluster) as http:
+        sid = create_ready(http, fake_cluster.api)
+        try:
+            html = "data:text/html,<title>Pod</title><button>Go</button>"
+            r = http.post(f"/sandboxes/{sid}/browser", json={"action": "goto", "url": html})
+            assert r.status_code == 200, r.text
+            assert r.json()["title"] == "Pod" and 'button "Go"' in r.json()["tree"]
+            r = http.post(f"/sandboxes/{sid}/browser", json={"action": "click", "id": 99})
+            assert r.status_code == 200 and "99" in r.json()["error"], r.text
+            kinds = [e["kind"] for e in http.get(f"/sandboxes/{sid}/events").json()["events"]]
+            assert kinds.count("browser") == 2, kinds
+        finally:
+            http.delete(f"/sandboxes/{sid}")

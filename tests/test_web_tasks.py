@@ -17,6 +17,8 @@ from orchard.tasks.web import (
     BUNDLED,
     CHECKERS,
     Checker,
+    WebBudget,
+    WebTask,
     grade_web,
     load_web_tasks,
     start_sites,
@@ -93,3 +95,25 @@ def test_a_crashing_checker_is_a_task_error(client: SandboxClient) -> None:
         start_sites(sb, broken)
         grade = grade_web(sb, broken, None)
     assert grade.outcome == "task_error" and "crashed" in grade.reason and grade.reward == 0
+
+
+def test_live_tasks_are_kept_apart_and_marked() -> None:
+    live = load_web_tasks("web-live")
+    assert live and all(t.live and not t.sites for t in live)
+    assert all(t.start_url.startswith("https://") for t in live)
+    assert not {t.instance_id for t in live} & {t.instance_id for t in TASKS}
+    offline = yaml.safe_load(BUNDLED.read_text())[0]
+    offline["sites"] = []
+    with pytest.raises(ValueError, match="only a live task"):
+        WebTask.model_validate(offline)
+
+
+@needs_root
+@needs_browser
+def test_a_live_task_whose_site_does_not_load_is_not_valid(client: SandboxClient) -> None:
+    # TEST-NET-1 is never routed, here or on a machine with internet: the page cannot load.
+    task = load_web_tasks("web-live")[0].model_copy(update={
+        "start_url": "http://192.0.2.1/", "budget": WebBudget(action_timeout=3)})
+    check = validate_web(client, task)
+    assert not check.ok and check.gold is None, check
+    assert any("live site did not load" in p and "internet" in p for p in check.problems)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Annotated, Literal, cast
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -40,11 +40,13 @@ def demo(
 
     from rich.table import Table
 
-    from orchard.recipes.demo import DemoConfig, pretrained, run_demo
+    from orchard.recipes.demo import DemoConfig, for_web, pretrained, run_demo
 
     if domain not in ("swe", "web"):
         raise typer.BadParameter(f"--domain is swe or web, not {domain!r}")
-    config = DemoConfig(seed=seed, eval_n=eval_n, domain=cast(Literal["swe", "web"], domain))
+    config = DemoConfig(seed=seed, eval_n=eval_n)
+    if domain == "web":
+        config = for_web(config)
     config.rl = replace(config.rl, steps=rl_steps, seed=seed)
     config.sft = replace(config.sft, seed=seed)
     if model == "smollm2":

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -56,7 +57,9 @@ def _load_web(tasks: str, split: str | None, ids: list[str] | None) -> list[WebT
 
 
 def _is_web(tasks: str) -> bool:
-    return tasks == "web" or tasks.endswith((".yaml", ".yml"))
+    from orchard.tasks.web import WEB_SETS
+
+    return tasks in WEB_SETS or tasks.endswith((".yaml", ".yml"))
 
 
 @tasks_app.command("list")
@@ -72,8 +75,10 @@ def tasks_list(tasks: _Tasks = "bundled", split: _Split = None,
         for col in ("instance_id", "split", "sites", "checker", "goal"):
             table.add_column(col)
         for w in web:
-            table.add_row(w.instance_id, w.split or "", ",".join(w.sites), w.checker.name,
-                          w.goal)
+            sites = ",".join(w.sites) or ""
+            if w.live:  # plainly marked: it needs the internet
+                sites = f"LIVE {urlsplit(w.start_url).hostname}" + (f", {sites}" if sites else "")
+            table.add_row(w.instance_id, w.split or "", sites, w.checker.name, w.goal)
         Console().print(table)
         return
     loaded = _load(tasks, split, None)

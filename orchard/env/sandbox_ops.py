@@ -122,5 +122,6 @@ class SandboxOps:
                     "page_url": page["url"], "title": page["title"], "error": page["error"],
                     "tree_sha256": hashlib.sha256(page["tree"].encode()).hexdigest()}
 
+        await self.service.backend.prepare_browser()
         return await self._change(sid, EventKind.browser,
                                   lambda agent: agent.browser(action.agent_request()), describe)

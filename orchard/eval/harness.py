@@ -139,7 +139,8 @@ class RolloutContext:
         with self.timed():
             sandbox = self.client.create_sandbox(
                 self.task.image, labels=self.labels, session=self.rollout_id,
-                ttl=self.sandbox_timeout, cpu=self.cpu, memory=self.memory)
+                ttl=self.sandbox_timeout, cpu=self.cpu, memory=self.memory,
+                block_network=not getattr(self.task, "live", False))
         try:
             with self.timed():
                 self.heartbeats.add(sandbox)

@@ -106,6 +106,12 @@ def pretrained(config: DemoConfig) -> DemoConfig:
                    rl=replace(config.rl, lr=1e-6))
 
 
+def for_web(config: DemoConfig) -> DemoConfig:
+    """``config`` on the web family. Its SFT examples are ~10x the settings family's tokens
+    (a page tree each turn), so 400 steps would take an hour on 2 cores: it takes 120."""
+    return replace(config, domain="web", sft=replace(config.sft, max_steps=120))
+
+
 def hedged_teacher(tasks: list[Task], solve: float, seed: int) -> Callable[..., Any]:
     """A weak but not hopeless continuation policy, so that value estimates move when a step
     helps or hurts: at each call it takes the task's next solving step with probability

@@ -113,6 +113,11 @@ class Backend(Protocol):
         """Let a paused sandbox's processes run on."""
         ...
 
+    async def prepare_browser(self) -> None:
+        """Make sure sandboxes can start a browser (build what is injected for it); called
+        before every browser action, so it must be cheap once done. Raise BackendError."""
+        ...
+
     def model_base_url(self, session: str) -> str:
         """The recording proxy's OpenAI base URL for session as a model_proxy sandbox reaches
         it; raise SpecRejected when this backend has no proxy configured."""

@@ -1,6 +1,6 @@
 """The web domain's tasks: self-hosted sites served in the sandbox, goals, checkers, gold runs.
 
-    tasks = load_web_tasks()                   # the bundled set, or a YAML/JSON/JSONL path
+    tasks = load_web_tasks()                   # the bundled set, "web-live", or a file
     check = validate_web(client, tasks[0])     # gold resolves it, doing nothing does not
 """
 
@@ -27,16 +27,22 @@ from orchard.tasks.web.grading import (
 from orchard.tasks.web.model import SITE_PORTS, Checker, GoldStep, WebBudget, WebTask
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "tasks.yaml"
+# Tasks on live sites of the internet, for users whose sandboxes may reach it: kept apart so
+# that "web" always runs offline.
+LIVE = Path(__file__).resolve().parent / "data" / "live.yaml"
+WEB_SETS = {"web": BUNDLED, "web-live": LIVE}
 
-__all__ = ["BUNDLED", "CHECKERS", "SITE_PORTS", "Checker", "GoldFailed", "GoldStep", "SiteError",
-           "WebBudget", "WebGrade", "WebTask", "WebTaskCheck", "element_id", "grade_web",
-           "load_web_tasks", "play", "run_gold", "site_state", "start_sites", "validate_web"]
+__all__ = ["BUNDLED", "CHECKERS", "LIVE", "SITE_PORTS", "WEB_SETS", "Checker", "GoldFailed",
+           "GoldStep", "SiteError", "WebBudget", "WebGrade", "WebTask", "WebTaskCheck",
+           "element_id", "grade_web", "load_web_tasks", "play", "run_gold", "site_state",
+           "start_sites", "validate_web"]
 
 
 def load_web_tasks(source: str | Path | None = None, *,
                    split: str | None = None) -> list[WebTask]:
-    """The bundled web tasks (``None`` or ``"web"``), or a .yaml/.json/.jsonl file of them."""
-    path = BUNDLED if source in (None, "web") else Path(str(source)).expanduser()
+    """The bundled web tasks (``None`` or ``"web"``), the live ones (``"web-live"``), or a
+    .yaml/.json/.jsonl file of them."""
+    path = BUNDLED if source is None else WEB_SETS.get(str(source), Path(str(source)).expanduser())
     from orchard.tasks.loaders import TaskLoadError
 
     try:

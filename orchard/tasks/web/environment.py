@@ -29,6 +29,8 @@ def state_path(site: str) -> str:
 
 def start_sites(sandbox: Sandbox, task: WebTask, timeout: float = 30.0) -> None:
     """Upload and start the task's sites; return once each answers on its port."""
+    if not task.sites:
+        return  # a live task's sites are on the internet
     sandbox.upload_content((SITES_DIR / "sitekit.py").read_bytes(), f"{IN_SANDBOX}/sitekit.py")
     for site in task.sites:
         sandbox.upload_content((SITES_DIR / f"{site}.py").read_bytes(),

@@ -124,9 +124,16 @@ def validate_web(client: SandboxClient, task: WebTask, *,
     grades: dict[str, WebGrade] = {}
     for run in ("empty", "gold"):
         try:
-            with client.create_sandbox(task.image, labels=labels or {}) as sb:
+            with client.create_sandbox(task.image, labels=labels or {},
+                                       block_network=not task.live) as sb:
                 start_sites(sb, task)
-                sb.browser("goto", url=task.start_url, timeout=task.budget.action_timeout)
+                page = sb.browser("goto", url=task.start_url,
+                                  timeout=task.budget.action_timeout)
+                if task.live and page.error:
+                    # An answer-checked task could otherwise pass without the site.
+                    problems.append(f"its live site did not load ({page.error}): validate it "
+                                    "where sandboxes reach the internet")
+                    break
                 answer = run_gold(sb, task) if run == "gold" else None
                 grades[run] = grade_web(sb, task, answer)
         except GoldFailed as e:

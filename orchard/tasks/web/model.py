@@ -66,16 +66,24 @@ class WebTask(BaseModel):
     instance_id: str = Field(pattern=INSTANCE_ID_PATTERN)
     domain: Literal["web"] = "web"
     goal: str = Field(min_length=1)
-    sites: list[Literal["shop", "wiki", "booking", "mail"]] = Field(min_length=1)
+    sites: list[Literal["shop", "wiki", "booking", "mail"]] = Field(
+        default_factory=list, description="Served in the sandbox; only a live task has none.")
     start_url: str
     checker: Checker
     gold: list[GoldStep] = Field(min_length=1)
-    live: bool = Field(False, description="The task needs a live site on the internet (a "
-                       "networked sandbox); the bundled tasks never do.")
+    live: bool = Field(False, description="The task needs a live site on the internet, so its "
+                       "sandboxes are networked; the tasks of the 'web' set never do.")
     image: str = "host"
     budget: WebBudget = Field(default_factory=WebBudget)
     split: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _served(self) -> WebTask:
+        if not self.sites and not self.live:
+            raise ValueError("a task serves at least one site; only a live task (live: true) "
+                             "may have none")
+        return self
 
     @property
     def answers(self) -> bool:

@@ -27,10 +27,14 @@ from .common import HTTPError
 
 BUNDLE_PYTHON = "/.orchard/bundle/bin/python3"
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome", "headless_shell")
+# The orchestrator's Chromium, when it carries one in (orchard/env/agent/browser_bundle.py).
+INJECTED = "/.orchard/browser/current"
 VIEWPORT = (1280, 800)
 MAX_TREE_CHARS = 24000
+# Structure a reader does not act on: its children show one level up. A list's bullets and
+# its items' wrappers were a third of a shop page's lines.
 SKIP_ROLES = {"none", "generic", "InlineTextBox", "LineBreak", "RootWebArea", "paragraph",
-              "Section", "group", "LabelText"}
+              "Section", "group", "LabelText", "ListMarker", "listitem"}
 # After these, a navigation may begin a moment later: wait that long for one to start.
 MAY_NAVIGATE = {"click", "press", "back"}
 NAVIGATION_GRACE = 0.15
@@ -77,7 +81,7 @@ class StillLoading(Exception):
 class _DevTools:
     """One Chromium and its protocol pipe; requests from any thread, events kept per session."""
 
-    def __init__(self, executable):
+    def __init__(self, executable, env):
         to_r, self._to_w = os.pipe()
         self._from_r, from_w = os.pipe()
         # Moved above 9 first, so that placing them on 3 and 4 below overwrites neither.
@@ -94,7 +98,7 @@ class _DevTools:
              f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}", f"--user-data-dir={profile}",
              "--remote-debugging-pipe", "about:blank"],
             pass_fds=(to_r, from_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True)
+            stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env})
         os.close(to_r)
         os.close(from_w)
         self._next = 0
@@ -191,6 +195,25 @@ class _DevTools:
             self.proc.wait(5)
 
 
+def _chromium():
+    """The injected Chromium and its environment, else one on the image's PATH."""
+    bundle = os.path.realpath(INJECTED)
+    if os.access(os.path.join(bundle, "chromium"), os.X_OK):
+        return os.path.join(bundle, "chromium"), {
+            "FONTCONFIG_FILE": os.path.join(bundle, "fonts.conf")}
+    executable = next((p for p in map(shutil.which, CHROMIUM) if p), None)
+    if executable is None:
+        raise HTTPError(400, "no Chromium in this sandbox: the orchestrator's host has none to "
+                        "carry in (install Debian's chromium package there; `make setup` "
+                        "does) and the image has none on its PATH")
+    return executable, {}
+
+
+def _quote(text):
+    # Readable for the model: "café", not "caf\u00e9".
+    return json.dumps(text, ensure_ascii=False)
+
+
 def _python():
     """The agent's interpreter as this process sees it: a forked agent's sys.executable names a
     host path, gone inside the sandbox, where the bundle's is."""
@@ -219,12 +242,8 @@ class Browser:
             return
         if self._tools is not None:
             self._tools.close()
-        executable = next((p for p in map(shutil.which, CHROMIUM) if p), None)
-        if executable is None:
-            raise HTTPError(400, "no Chromium in this sandbox: use the 'host' image on a host "
-                            "with Debian's chromium package (`make setup` installs it), or an "
-                            "image that has chromium on its PATH")
-        self._tools, self._sessions, self._elements = _DevTools(executable), {}, {}
+        executable, env = _chromium()
+        self._tools, self._sessions, self._elements = _DevTools(executable, env), {}, {}
         self._opened = {}
         pages = self._pages()
         self._attach(pages[0]["targetId"] if pages else
@@ -425,14 +444,14 @@ class Browser:
                 role != "StaticText" or name and name not in parent_name)
             if shown:
                 if role == "StaticText":
-                    lines.append(f"{'  ' * depth}{json.dumps(name)}")
+                    lines.append(f"{'  ' * depth}{_quote(name)}")
                 else:
                     line = f"{'  ' * depth}[{len(self._elements) + 1}] {role}"
                     if name:
-                        line += f" {json.dumps(name)}"
+                        line += f" {_quote(name)}"
                     value = (node.get("value") or {}).get("value")
                     if value not in (None, ""):
-                        line += f" value={json.dumps(str(value))}"
+                        line += f" value={_quote(str(value))}"
                     for prop in node.get("properties", []):
                         if prop["name"] in ("checked", "selected", "disabled", "expanded") \
                                 and prop["value"].get("value") not in (False, "false", None):

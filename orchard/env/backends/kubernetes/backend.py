@@ -150,6 +150,10 @@ class KubernetesBackend:
                 await self.api("create_policy", lambda: self.net.create_namespaced_network_policy(
                     ns, policy, _preload_content=False))
 
+    async def prepare_browser(self) -> None:
+        """Nothing to build: a pod's browser is the image's own Chromium (docs/guides/browser.md
+        says why the host's is not carried into pods)."""
+
     def model_base_url(self, session: str) -> str:
         if self.model_proxy is None:
             raise SpecRejected("this orchestrator has no recording proxy: set model_proxy to "

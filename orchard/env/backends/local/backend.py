@@ -32,7 +32,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from orchard.env.agent.bundle import BUNDLE_MOUNT, ensure_bundle
+from orchard.env.agent.browser_bundle import ensure_browser_bundle
+from orchard.env.agent.bundle import BUNDLE_MOUNT, BundleError, ensure_bundle
 from orchard.env.backends.base import (
     BackendError,
     SandboxHandle,
@@ -93,9 +94,13 @@ class LocalBackend:
         self._slirps: dict[str, subprocess.Popen[bytes]] = {}
         cache = cache_dir or data_dir
         self.images = ImageStore(cache / "images")
+        # Built on the first browser action (see prepare_browser), seen live by every sandbox.
+        browser = cache / "browser"
+        browser.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self._browser_ready = False
         # bwrap sees only the data dir (see launch.sh): a bundle elsewhere (a shared cache
         # dir, a symlinked bundle dir) is bound onto bundle-view for it.
-        self.launcher = Launcher.prepare(data_dir, ensure_bundle(cache / "bundle"))
+        self.launcher = Launcher.prepare(data_dir, ensure_bundle(cache / "bundle"), browser)
         self.bundle = self.launcher.bundle
         self.cgroups = CgroupManager(cgroup_group(data_dir))
         self.seccomp_path = write_filter(data_dir / "seccomp.bpf")
@@ -311,6 +316,15 @@ class LocalBackend:
         (self._dir(spec.sandbox_id) / "agent.pid").write_text(str(reply["pid"]))
 
     # --- delete / list / adopt -------------------------------------------------------------
+
+    async def prepare_browser(self) -> None:
+        if not self._browser_ready:
+            try:
+                await asyncio.to_thread(ensure_browser_bundle, self.launcher.browser)
+            except BundleError as e:
+                raise BackendError(f"cannot carry the host's Chromium into sandboxes: {e}; "
+                                   "use an image with chromium on its PATH") from e
+            self._browser_ready = True
 
     def model_base_url(self, session: str) -> str:
         return self.relays.base_url(session)

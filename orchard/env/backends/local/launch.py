@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchard.env.agent.browser_bundle import BROWSER_MOUNT
 from orchard.env.agent.bundle import BUNDLE_MOUNT
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.backends.local import network, quota
@@ -19,11 +20,12 @@ HOST_VIEW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "op
 HOST_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
                 "/etc/sudoers", "/etc/ssl/private")
 _LAUNCH_SH = """\
-# usage: launch.sh LOWER_FDS DATA_DIR UID UPPER WORK ROOT BUNDLE DISK NPROCS PROCS_FILE...
+# usage: launch.sh LOWER_FDS DATA_DIR UID UPPER WORK ROOT BUNDLE BROWSER DISK NPROCS PROCS_FILE...
 #                  COMMAND...
 # Host root, in a private mount namespace; COMMAND (bwrap) runs as the sandbox's host uid.
 set -e
-lower=$1 data=$2 uid=$3 upper=$4 work=$5 root=$6 bundle=$7 disk=$8 n=$9; shift 9
+lower=$1 data=$2 uid=$3 upper=$4 work=$5 root=$6 bundle=$7 browser=$8 disk=$9 n=${10}
+shift 10
 while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
 # A disk quota (DISK not empty): upper and work live on that file system, mounted here so
 # that it and its loop device (autoclear) go away with the sandbox.
@@ -35,9 +37,10 @@ mount -t overlay orchard-overlay \\
 # Nothing in the sandbox may inherit the id-mapped views.
 for fd in ${lower//:/ }; do eval "exec $fd<&-"; done
 # The sandbox's uid may not search the data dir's parents (a 0700 home or tmp dir); bwrap sees
-# the data dir at /tmp instead, in this mount namespace only. A bundle kept outside the data
-# dir (BUNDLE not empty) is bound into it first.
+# the data dir at /tmp instead, in this mount namespace only. A bundle or browser dir kept
+# outside the data dir (BUNDLE, BROWSER not empty) is bound into it first.
 if [ -n "$bundle" ]; then mount --bind "$bundle" "$data/bundle-view"; fi
+if [ -n "$browser" ]; then mount --bind "$browser" "$data/browser-view"; fi
 mount --rbind "$data" /tmp
 exec setpriv --reuid "$uid" --regid "$uid" --clear-groups "$@"
 """
@@ -47,26 +50,34 @@ LAUNCH_VIEW = Path("/tmp")
 
 @dataclass(frozen=True)
 class Launcher:
-    """What every launch of one data dir shares: launch.sh, the bundle, the host skeleton."""
+    """What every launch of one data dir shares: launch.sh, the bundle, the browser dir (see
+    ``browser_bundle.py``), the host skeleton."""
 
     data_dir: Path
     bundle: Path
+    browser: Path
     launch_sh: Path
     host_skeleton: Path
     empty_dir: Path
-    bundle_inside: bool  # else bound onto bundle-view for bwrap (see launch.sh)
 
     @classmethod
-    def prepare(cls, data_dir: Path, bundle: Path) -> Launcher:
-        inside = bundle.resolve().is_relative_to(data_dir.resolve())
-        if not inside:
-            (data_dir / "bundle-view").mkdir(mode=0o755, exist_ok=True)
-        launch_sh = data_dir / "launch.sh"
-        launch_sh.write_text(_LAUNCH_SH)
-        empty = data_dir / "empty"
-        empty.mkdir(mode=0o755, exist_ok=True)
-        return cls(data_dir, bundle, launch_sh, make_host_skeleton(data_dir / "host-skeleton"),
-                   empty, inside)
+    def prepare(cls, data_dir: Path, bundle: Path, browser: Path) -> Launcher:
+        launcher = cls(data_dir, bundle, browser, data_dir / "launch.sh",
+                       make_host_skeleton(data_dir / "host-skeleton"), data_dir / "empty")
+        for name in ("bundle", "browser"):
+            if not launcher._inside(name):
+                (data_dir / f"{name}-view").mkdir(mode=0o755, exist_ok=True)
+        launcher.launch_sh.write_text(_LAUNCH_SH)
+        launcher.empty_dir.mkdir(mode=0o755, exist_ok=True)
+        return launcher
+
+    def _inside(self, name: str) -> bool:
+        """Whether bwrap sees that dir as it is; else it is bound onto <name>-view for it."""
+        path: Path = getattr(self, name)
+        return path.resolve().is_relative_to(self.data_dir.resolve())
+
+    def _view(self, name: str) -> Path:
+        return getattr(self, name) if self._inside(name) else self.data_dir / f"{name}-view"
 
     def argv(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path, procs: list[str],
              seccomp_fd: int, block_fd: int, uid: int, userns_fd: int,
@@ -91,8 +102,8 @@ class Launcher:
                 bwrap += ["--ro-bind", "/dev/null", str(key)]
         bwrap += [
             "--perms", "1777", "--dir", "/tmp", "--dir", "/workspace",
-            "--ro-bind", seen(self.bundle if self.bundle_inside
-                              else self.data_dir / "bundle-view"), BUNDLE_MOUNT,
+            "--ro-bind", seen(self._view("bundle")), BUNDLE_MOUNT,
+            "--ro-bind", seen(self._view("browser")), BROWSER_MOUNT,
             "--bind", seen(sdir / "ctl"), CTL_MOUNT,
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--hostname", spec.sandbox_id[:63], "--cap-drop", "ALL", "--new-session",
@@ -113,7 +124,8 @@ class Launcher:
             "unshare", "--mount", "--propagation", "private", "--", "bash",
             str(self.launch_sh), ":".join(map(str, lower_fds)), str(self.data_dir), str(uid),
             str(layers / "upper"), str(layers / "work"), str(sdir / "root"),
-            "" if self.bundle_inside else str(self.bundle),
+            *("" if self._inside(name) else str(getattr(self, name))
+              for name in ("bundle", "browser")),
             str(sdir / quota.DISK_IMAGE) if layers != sdir else "", str(len(procs)),
             *procs, *bwrap,
         ]
