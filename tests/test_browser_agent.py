@@ -4,6 +4,7 @@ trace joins the model calls and the browser actions, and the checker grades the 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 from orchard.env.client import SandboxClient
 from orchard.eval import RunConfig, evaluate, make_harness
 from orchard.eval.results import read_results
+from orchard.rollout.branch import restore
 from orchard.rollout.browser_agent import run_browser_agent
 from orchard.rollout.export import IMAGE_MARK, to_dataset, write_swe_jsonl
 from orchard.rollout.teacher import FunctionPolicy
@@ -60,6 +62,16 @@ def test_a_teacher_rollout_is_graded_and_leaves_one_trace(
     assert all(c.get("response") for c in trace.model_calls)
     assert len(browsing) == 1 + result.n_steps - 1  # the first goto, then one per action call
     assert [s.source for s in trace.timeline].count("model") == result.n_steps
+    # The trace restores the rollout mid-way: sites served, the browser on the same page.
+    step = min(2, result.n_steps - 1)
+    restored = restore(trace, client, step)
+    try:
+        page = restored.browser("observe")
+        seen = [e for e in browsing if e.time < trace.model_calls[step]["started_at"]]
+        assert page.url == seen[-1].data["page_url"] and page.error is None, page
+        assert hashlib.sha256(page.tree.encode()).hexdigest() == seen[-1].data["tree_sha256"]
+    finally:
+        restored.delete()
 
 
 def test_a_weak_teacher_fails_honestly(client: SandboxClient, tmp_path: Path) -> None:
