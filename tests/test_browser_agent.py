@@ -15,14 +15,16 @@ import pytest
 from orchard.env.client import SandboxClient
 from orchard.eval import RunConfig, evaluate, make_harness
 from orchard.eval.results import read_results
+from orchard.recipes.montecarlo import MC_LABEL, BrowserContinuation, MonteCarloAnnotator
+from orchard.recipes.trajectories import load_trajectories
 from orchard.rollout.branch import restore
 from orchard.rollout.browser_agent import run_browser_agent
 from orchard.rollout.export import IMAGE_MARK, to_dataset, write_swe_jsonl
-from orchard.rollout.teacher import FunctionPolicy
+from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.trace import collect_trace
 from orchard.tasks.web import grade_web, load_web_tasks, start_sites
-from orchard.tasks.web.teacher import web_teacher
+from orchard.tasks.web.teacher import hedged_web_teacher, web_teacher
 from tests.conftest import needs_browser, needs_root
 from tests.test_minisweagent import teacher_behind_proxy
 
@@ -83,8 +85,32 @@ def test_a_weak_teacher_fails_honestly(client: SandboxClient, tmp_path: Path) ->
         result = run_browser_agent(sb, task.goal, task.start_url, f"{proxy}/s/{session}/v1",
                                    "teacher")
         grade = grade_web(sb, task, result.answer)
-    assert result.exit_status == "Submitted" and result.n_steps == 1
+    # It made progress (half the gold run), then gave up: a failure worth learning from.
+    assert result.exit_status == "Submitted" and result.n_steps == len(task.gold) // 2 + 1
     assert not grade.resolved and grade.outcome == "unresolved"
+
+
+def test_monte_carlo_values_of_a_web_rollout(client: SandboxClient, tmp_path: Path) -> None:
+    """Continuations carry on from replayed states of a failed web rollout: a continuation
+    policy that always plays the gold run on resolves from every one of them, which it can
+    only do on the right page with the sites in the right state."""
+    task = TASKS["shop-buy-mouse"]
+    out = tmp_path / "run"
+    evaluate([task], make_harness("web-teacher", [task], teacher_solve=0.0), out, client,
+             config=RunConfig(out=out))
+    (traj,) = load_trajectories(out)
+    assert not traj.resolved and len(traj.steps) == len(task.gold) // 2 + 1
+    policy = FunctionPolicy(hedged_web_teacher([task], solve=1.0, seed=0))
+    with TeacherServer(policy, load_tokenizer(TEST_TOKENIZER), model_name="teacher") as server:
+        continuation = BrowserContinuation(f"{server.url}/v1", "teacher")
+        with pytest.raises(ValueError, match="restore='replay'"):
+            MonteCarloAnnotator(client, [task], continuation, k=1).annotate(traj)
+        curve = MonteCarloAnnotator(client, [task], continuation, k=1,
+                                    restore="replay").annotate(traj)
+    inner = [s for s in curve.key_steps if s < len(traj.steps)]
+    assert inner and all(curve.values[s] == 1.0 for s in inner), curve
+    assert curve.values[-1] == 0.0  # the rollout itself failed
+    assert client.list_sandboxes({MC_LABEL: traj.rollout_id}) == []
 
 
 def test_eval_runs_web_tasks_with_the_web_teacher(client: SandboxClient, tmp_path: Path

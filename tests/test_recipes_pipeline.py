@@ -213,7 +213,7 @@ def test_branch_restores_a_step_k_times(client: SandboxClient, family: list[Task
 @needs_browser
 def test_demo_on_the_web_family(client: SandboxClient, tmp_path: Path) -> None:
     config = DemoConfig(
-        domain="web", n_train=6, n_test=2, eval_n=1, tiny_hidden=64,
+        domain="web", n_train=6, n_test=2, eval_n=1, tiny_hidden=64, mc_k=1, mc_max=1,
         sft=SFTConfig(epochs=1, batch_size=4, warmup=1),
         rl=RLConfig(steps=1, batch_prompts=1, bar=BARConfig(n=2, n_max=2, stride=2)))
     results = run_demo(tmp_path, config, client=client, log=lambda _: None)
@@ -224,7 +224,7 @@ def test_demo_on_the_web_family(client: SandboxClient, tmp_path: Path) -> None:
         assert stage["rollouts"] == 2 and not stage["failures"], stage
     teacher = json.loads((tmp_path / "teacher" / "results.json").read_text())
     assert teacher["overall"]["rollouts"] == 6 and teacher["overall"]["resolved"] >= 1
-    assert results["values"]["annotated"] == 0  # no Monte-Carlo stage on the web yet
+    assert results["values"]["annotated"] == 1  # a failed teacher rollout, valued by replays
     assert results["sft_data"]["examples"] >= 1 and results["sft_data"]["resolved"] >= 1
     assert len(results["rl"]) == 1 and results["rerank"]["tasks"] == 2
     assert client.list_sandboxes() == []

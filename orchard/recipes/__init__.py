@@ -29,7 +29,12 @@ from orchard.recipes.credit import (
 from orchard.recipes.demo import Demo, DemoConfig, pretrained, run_demo
 from orchard.recipes.loss import masked_nll, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.models import load_policy, save_policy, smollm2_dir, tiny_llama
-from orchard.recipes.montecarlo import AgentContinuation, Continuation, MonteCarloAnnotator
+from orchard.recipes.montecarlo import (
+    AgentContinuation,
+    BrowserContinuation,
+    Continuation,
+    MonteCarloAnnotator,
+)
 from orchard.recipes.rerank import ValueModel, ValueModelConfig, best_of_n, rerank_run
 from orchard.recipes.rl import PolicySampler, RLConfig, policy_update, train_rl
 from orchard.recipes.serving import PolicyEngine, PolicyServer
@@ -48,8 +53,9 @@ from orchard.recipes.sft import (
 from orchard.recipes.trajectories import Trajectory, load_trajectories
 
 __all__ = [
-    "AgentContinuation", "AnnotationError", "Annotator", "BARConfig", "ChatTemplateError",
-    "Continuation", "Demo", "DemoConfig", "GroupResult", "JudgeError", "MonteCarloAnnotator",
+    "AgentContinuation", "AnnotationError", "Annotator", "BARConfig", "BrowserContinuation",
+    "ChatTemplateError", "Continuation", "Demo", "DemoConfig", "GroupResult", "JudgeError",
+    "MonteCarloAnnotator",
     "PolicyEngine", "PolicySampler", "PolicyServer", "RLConfig", "RetrospectiveAnnotator",
     "Rollout", "SFTConfig", "SFTExample", "Trajectory", "ValueCurve", "ValueModel",
     "ValueModelConfig", "annotate_all", "assemble", "bar_group", "best_of_n",

@@ -40,7 +40,12 @@ from orchard.eval.runner import RunConfig
 from orchard.eval.web_harness import BrowserAgentHarness, WebTeacherHarness
 from orchard.recipes.bar import BARConfig
 from orchard.recipes.models import load_policy, tiny_llama
-from orchard.recipes.montecarlo import AgentContinuation, MonteCarloAnnotator
+from orchard.recipes.montecarlo import (
+    AgentContinuation,
+    BrowserContinuation,
+    Continuation,
+    MonteCarloAnnotator,
+)
 from orchard.recipes.rerank import ValueModel, ValueModelConfig, rerank_run, training_examples
 from orchard.recipes.rl import RLConfig, train_rl
 from orchard.recipes.serving import PolicyServer
@@ -52,6 +57,7 @@ from orchard.tasks.family import settings_family
 from orchard.tasks.model import Task
 from orchard.tasks.web import load_web_tasks
 from orchard.tasks.web.model import WebTask
+from orchard.tasks.web.teacher import hedged_web_teacher
 
 COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 
@@ -60,7 +66,7 @@ COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 class DemoConfig:
     domain: Literal["swe", "web"] = "swe"
     """swe: the generated settings family with mini-swe-agent; web: the bundled web tasks with
-    the browser agent (no Monte-Carlo stage: SFT learns from the resolved rollouts)."""
+    the browser agent (its Monte-Carlo continuations replay each state: see montecarlo.py)."""
     n_train: int = 128
     n_test: int = 16
     seed: int = 0
@@ -72,7 +78,8 @@ class DemoConfig:
     mc_max: int = 10
     """Unresolved trajectories to annotate (the rest are not trained on)."""
     mc_restore: Literal["fork", "replay"] = "fork"
-    """How each continuation gets s_t: "fork" (one replay, k forks) or "replay" (k replays)."""
+    """How each continuation gets s_t: "fork" (one replay, k forks) or "replay" (k replays);
+    web tasks always replay."""
     eps: float = 0.05
     eval_n: int = 4
     model: str | None = None
@@ -194,25 +201,25 @@ class Demo:
         return [t for t in self.train if isinstance(t, WebTask)]
 
     def values(self, run: Path) -> dict[str, list[tuple[int, int]]]:
-        if self.config.domain == "web":
-            # Its continuations are mini-swe-agent's: the web demo trains on resolved rollouts.
-            self.results["values"] = {"annotated": 0, "skipped": "no Monte-Carlo continuation "
-                                      "for the browser agent yet"}
-            return {}
         from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 
         trajectories = [t for t in load_trajectories(run) if not t.resolved]
         trajectories = trajectories[:self.config.mc_max]
-        policy = hedged_teacher(self.swe_train, self.config.mc_solve, self.config.seed)
+        web = self.config.domain == "web"
+        policy = (hedged_web_teacher(self.web_train, self.config.mc_solve, self.config.seed)
+                  if web else
+                  hedged_teacher(self.swe_train, self.config.mc_solve, self.config.seed))
         segments: dict[str, list[tuple[int, int]]] = {}
         with TeacherServer(FunctionPolicy(policy), load_tokenizer(TEST_TOKENIZER),
                            model_name="teacher") as server, \
                 (self.out / "values.jsonl").open("w", encoding="utf-8") as f:
-            continuation = AgentContinuation(self.client, f"{server.url}/v1", "teacher",
-                                             config=self.agent_config)
-            annotator = MonteCarloAnnotator(self.client, self.swe_train, continuation,
+            continuation: Continuation = (
+                BrowserContinuation(f"{server.url}/v1", "teacher") if web else
+                AgentContinuation(self.client, f"{server.url}/v1", "teacher",
+                                  config=self.agent_config))
+            annotator = MonteCarloAnnotator(self.client, self.train, continuation,
                                             k=self.config.mc_k,
-                                            restore=self.config.mc_restore)
+                                            restore="replay" if web else self.config.mc_restore)
             for traj in trajectories:
                 curve = annotator.annotate(traj)
                 segments[traj.rollout_id] = curve.rise_segments(self.config.eps)

@@ -2,10 +2,11 @@
 
 For a key step t of a recorded rollout: replay the rollout's sandbox side up to s_t (every
 action before the t-th model call) in a fresh sandbox once, fork it k times, hand each fork
-and the conversation up to s_t to a continuation policy, and grade the patch it leaves in
-another fresh sandbox. (``restore="replay"`` replays once per continuation instead, as before
-forks existed.) The final state's value is the observed outcome. Between key steps the curve
-is interpolated, as for the retrospective annotator.
+and the conversation up to s_t to a continuation policy, and grade where it ends. (With
+``restore="replay"`` each continuation gets a replay of its own, as before forks existed: a
+web task needs that, since a fork keeps the files but not the browser's page.) The final
+state's value is the observed outcome. Between key steps the curve is interpolated, as for the
+retrospective annotator.
 
     annotator = MonteCarloAnnotator(client, tasks, AgentContinuation(client, url, "policy"))
     curve = annotator.annotate(trajectory)
@@ -23,15 +24,17 @@ from orchard.rollout.branch import branch, delete_all, restore
 from orchard.rollout.trace import Trace
 from orchard.tasks.grading import grade
 from orchard.tasks.model import Task
+from orchard.tasks.web import WebTask, grade_web
 
 MC_LABEL = "orchard.dev/mc-of"
 
 
 class Continuation(Protocol):
-    """Carries on from a restored state and returns the workspace's patch ("" if none)."""
+    """Carries on from a restored state and returns the graded outcome ("resolved", ...);
+    sandboxes it makes for grading carry ``labels``."""
 
-    def __call__(self, task: Task, sandbox: Sandbox, history: list[dict[str, Any]],
-                 sample: int) -> str: ...
+    def __call__(self, task: Any, sandbox: Sandbox, history: list[dict[str, Any]],
+                 sample: int, labels: dict[str, str]) -> str: ...
 
 
 def _clean(message: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +52,7 @@ class AgentContinuation:
         self.config = dict(config or {})
 
     def __call__(self, task: Task, sandbox: Sandbox, history: list[dict[str, Any]],
-                 sample: int) -> str:
+                 sample: int, labels: dict[str, str]) -> str:
         from orchard.rollout.minisweagent import run_task
 
         base = sandbox.exec("git rev-parse HEAD", cwd=task.workdir, timeout=60).stdout.strip()
@@ -60,11 +63,31 @@ class AgentContinuation:
             step_limit=task.budget.steps, token_limit=task.budget.tokens,
             wall_time_limit=task.budget.wall_time, token_ids=False,
             config_overrides=self.config, history=[_clean(m) for m in history])
-        if done["exit_status"] != "Submitted":
-            return ""
-        job = sandbox.exec(f"git add -A && git diff --cached --binary {base}",
-                           cwd=task.workdir, timeout=120)
-        return job.stdout if job.ok else ""
+        patch = ""
+        if done["exit_status"] == "Submitted":
+            job = sandbox.exec(f"git add -A && git diff --cached --binary {base}",
+                               cwd=task.workdir, timeout=120)
+            patch = job.stdout if job.ok else ""
+        return grade(self.client, task, patch, labels=labels).outcome
+
+
+class BrowserContinuation:
+    """The browser agent continuing the recorded conversation with the model at ``model_url``
+    (an OpenAI base URL ending in /v1), graded in its own sandbox as web rollouts are."""
+
+    def __init__(self, model_url: str, model: str) -> None:
+        self.model_url, self.model = model_url, model
+
+    def __call__(self, task: WebTask, sandbox: Sandbox, history: list[dict[str, Any]],
+                 sample: int, labels: dict[str, str]) -> str:
+        from orchard.rollout.browser_agent import run_browser_agent
+
+        done = sum(1 for m in history if m.get("role") == "assistant")
+        result = run_browser_agent(
+            sandbox, task.goal, task.start_url, self.model_url, self.model,
+            max_steps=max(1, task.budget.steps - done), history=[_clean(m) for m in history],
+            action_timeout=task.budget.action_timeout)
+        return grade_web(sandbox, task, result.answer).outcome
 
 
 class MonteCarloAnnotator:
@@ -72,7 +95,8 @@ class MonteCarloAnnotator:
 
     source = "monte_carlo"
 
-    def __init__(self, client: SandboxClient, tasks: Mapping[str, Task] | Sequence[Task],
+    def __init__(self, client: SandboxClient,
+                 tasks: Mapping[str, Task | WebTask] | Sequence[Task | WebTask],
                  continuation: Continuation, *, k: int = 4, max_points: int = 8,
                  restore: Literal["fork", "replay"] = "fork") -> None:
         if k < 1:
@@ -90,6 +114,9 @@ class MonteCarloAnnotator:
         task = self.tasks.get(traj.instance_id)
         if task is None:
             raise ValueError(f"no task {traj.instance_id!r} among the annotator's tasks")
+        if isinstance(task, WebTask) and self.restore == "fork":
+            raise ValueError(f"{task.instance_id} is a web task: a fork keeps its files but not "
+                             "the browser's page, so annotate it with restore='replay'")
         history = traj.messages[:traj.steps[step]]
         labels = {MC_LABEL: traj.rollout_id}
         forks = (branch(trace, self.client, step, self.k, labels=labels)
@@ -100,10 +127,9 @@ class MonteCarloAnnotator:
                 sandbox = forks[sample] if forks else restore(trace, self.client, step,
                                                               labels=labels)
                 try:
-                    patch = self.continuation(task, sandbox, history, sample)
+                    outcomes.append(self.continuation(task, sandbox, history, sample, labels))
                 finally:
                     delete_all(self.client, [sandbox.id])
-                outcomes.append(grade(self.client, task, patch, labels=labels).outcome)
         except BaseException:  # the forks not reached yet are ours to delete
             delete_all(self.client, [f.id for f in forks[len(outcomes) + 1:]])
             raise

@@ -74,18 +74,23 @@ def _screenshot(page: BrowserObservation) -> dict[str, Any]:
 
 def run_browser_agent(sandbox: Sandbox, goal: str, start_url: str, model_url: str,
                       model: str, *, max_steps: int = 20, screenshots: bool = False,
-                      action_timeout: float = 15.0, http: httpx.Client | None = None
-                      ) -> BrowserAgentResult:
-    """Run the loop (see the module doc); ``model_url`` is an OpenAI base URL ending in /v1."""
+                      action_timeout: float = 15.0, http: httpx.Client | None = None,
+                      history: list[dict[str, Any]] | None = None) -> BrowserAgentResult:
+    """Run the loop (see the module doc); ``model_url`` is an OpenAI base URL ending in /v1.
+
+    ``history``: carry on a recorded conversation instead of starting at ``start_url``, in a
+    sandbox whose browser is where that conversation left it (``orchard.rollout.branch``)."""
     client = http or httpx.Client(timeout=300)
     try:
-        page = sandbox.browser("goto", url=start_url, screenshot=screenshots,
-                               timeout=action_timeout)
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"Goal: {goal}\n\n{render(page)}"}]
-        if screenshots:
-            messages.append(_screenshot(page))
+        if history:
+            messages = [dict(m) for m in history]
+        else:
+            page = sandbox.browser("goto", url=start_url, screenshot=screenshots,
+                                   timeout=action_timeout)
+            messages = [{"role": "system", "content": SYSTEM},
+                        {"role": "user", "content": f"Goal: {goal}\n\n{render(page)}"}]
+            if screenshots:
+                messages.append(_screenshot(page))
         result = BrowserAgentResult(exit_status="LimitsExceeded", messages=messages)
         while result.n_steps < max_steps:
             reply = client.post(f"{model_url.rstrip('/')}/chat/completions", json={

@@ -4,16 +4,22 @@ Served by the teacher model server (``orchard.rollout.teacher``), it drives the 
 (``orchard.rollout.browser_agent``) like a model would: it reads the goal to know the task, the
 latest page to find each gold step's element, and answers with one ``browser`` call, then
 ``finish`` (with the answer, for a question). It solves a ``solve`` share of the tasks, picked
-by a stable hash of their ids (as the SWE teacher does), and on the others finishes at once
-with no answer: so a run's resolved rate is known in advance and does not depend on the order
-in which concurrent rollouts reach it.
+by a stable hash of their ids (as the SWE teacher does), and on the others plays the first half
+of the gold run, then finishes with no answer: a failed rollout that made progress, which is
+what credit assignment learns from. So a run's resolved rate is known in advance and does not
+depend on the order in which concurrent rollouts reach it.
+
+``hedged_web_teacher`` is the Monte-Carlo continuation policy: from wherever a recorded rollout
+hands over, each call takes the gold run's next step with probability ``solve`` and otherwise
+gives up.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchard.rollout.policies import Messages, Policy, PolicyError, Reply, ToolCall, Tools
@@ -35,10 +41,22 @@ def _arguments(call: dict[str, Any]) -> dict[str, Any]:
 
 def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0) -> Policy:
     """The policy (see the module doc)."""
-    by_goal = {t.goal: t for t in tasks}
     ranked = sorted((t.instance_id for t in tasks),
                     key=lambda i: hashlib.sha256(i.encode()).hexdigest())
     solved = set(ranked[:round(solve * len(ranked))])
+    return _gold_player(tasks, lambda task, turn: task.instance_id in solved
+                        or turn < len(task.gold) // 2)
+
+
+def hedged_web_teacher(tasks: Sequence[WebTask], solve: float, seed: int) -> Policy:
+    """The continuation policy (see the module doc)."""
+    rng = random.Random(seed)
+    return _gold_player(tasks, lambda task, turn: rng.random() < solve)
+
+
+def _gold_player(tasks: Sequence[WebTask], goes_on: Callable[[WebTask, int], bool]) -> Policy:
+    """Plays a task's gold run while ``goes_on(task, turn)``, then finishes with no answer."""
+    by_goal = {t.goal: t for t in tasks}
 
     def policy(messages: Messages, tools: Tools) -> Reply:
         opening = next((_text(m) for m in messages if m.get("role") == "user"), "")
@@ -52,7 +70,7 @@ def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0) -> Policy:
         pages = [_text(m) for m in messages if m.get("role") in ("user", "tool")
                  and "URL: " in _text(m)]
         steps = task.gold
-        if turn >= len(steps) or task.instance_id not in solved:
+        if turn >= len(steps) or not goes_on(task, turn):
             return Reply(content="Done.", tool_calls=[ToolCall("finish", {})])
         step = steps[turn]
         if step.action == "answer":
