@@ -6,9 +6,11 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,3 +205,27 @@ def test_rm_removes_it(orchard, orchestrator: str, sid: str) -> None:
     assert sid not in [sb["sandbox_id"] for sb in listing]
     assert_one_line_error(orchard("sandbox", "exec", sid, "--", "true"), sid)
 
+
+
+def test_a_term_unwinds_the_embedded_orchestrator() -> None:
+    """Killed with TERM mid-run (a CI timeout), a command that embedded an orchestrator still
+    deletes its sandboxes and its data dir."""
+    # Short: the data dir holds unix sockets, whose paths may not pass 107 bytes.
+    tmp = Path(tempfile.mkdtemp(prefix="term-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if k not in ("ORCHARD_URL", "ORCHARD_API_KEY")}
+    env["TMPDIR"] = str(tmp)  # where the embedded orchestrator's data dir is made
+    proc = subprocess.Popen([str(ORCHARD), "tasks", "validate", "web"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("orchard-embedded-*/local/sandboxes/*")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, proc.stderr
+        assert not list(tmp.iterdir()), list(tmp.iterdir())
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert str(tmp) not in ps  # no sandbox process of it is left
+    finally:
+        proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +93,10 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def open_orchestrator(stack: contextlib.ExitStack, ctx: typer.Context,
                       orchestrator: str | None) -> tuple[str, str | None]:
     """The orchestrator to use (URL, API key): --orchestrator, else --url / ORCHARD_URL, else
@@ -101,6 +107,11 @@ def open_orchestrator(stack: contextlib.ExitStack, ctx: typer.Context,
     from orchard.env.server import EmbeddedOrchestrator
 
     stderr.print("no --orchestrator or ORCHARD_URL: starting an embedded orchestrator")
+    if threading.current_thread() is threading.main_thread():
+        # A TERM (kill, a CI job's timeout) unwinds like Ctrl-C, so the embedded orchestrator's
+        # sandboxes and data dir go too; Python's default would end the process on the spot.
+        previous = signal.signal(signal.SIGTERM, _exit_on_term)
+        stack.callback(signal.signal, signal.SIGTERM, previous)
     data = Path(tempfile.mkdtemp(prefix="orchard-embedded-"))
     stack.callback(shutil.rmtree, data, ignore_errors=True)
     embedded = EmbeddedOrchestrator(data_dir=data)
