@@ -1,5 +1,5 @@
 """What the orchestrator asks of a running sandbox's agent besides exec: patches, files,
-background processes and the browser.
+background processes, the browser and requests to the sandbox's own services.
 
 With the service's exec, this is the only place that calls the agent. Each operation finds
 the sandbox, calls its agent, turns an agent failure into a service error the one way
@@ -18,6 +18,7 @@ import httpx
 from orchard.env.agent.client import AgentError, PtyChannel
 from orchard.env.browser_schema import BrowserAction
 from orchard.env.errors import TooLarge, from_agent
+from orchard.env.http_schema import ServiceRequest
 from orchard.env.schema import EventKind, PatchRequest
 from orchard.env.service import SandboxService
 
@@ -125,3 +126,13 @@ class SandboxOps:
         await self.service.backend.prepare_browser()
         return await self._change(sid, EventKind.browser,
                                   lambda agent: agent.browser(action.agent_request()), describe)
+
+    async def http(self, sid: str, req: ServiceRequest) -> dict[str, Any]:
+        """A request to a service on the sandbox's loopback. Each is an event, with the
+        request whole (a replay redoes it) and the answer's status and body digest."""
+        def describe(answer: dict[str, Any]) -> dict[str, Any]:
+            return {**req.model_dump(), "status": answer["status"],
+                    "body_sha256": hashlib.sha256(answer["body"].encode()).hexdigest()}
+
+        return await self._change(sid, EventKind.http,
+                                  lambda agent: agent.http(req.model_dump()), describe)

@@ -407,6 +407,7 @@ class EventKind(StrEnum):
     patch = "patch"
     snapshot = "snapshot"
     browser = "browser"
+    http = "http"
     paused = "paused"
     resumed = "resumed"
     deleted = "deleted"

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from orchard.env.client import OrchardError, SandboxClient
 from orchard.env.client.sync_client import Sandbox
+from orchard.env.http_schema import ServiceRequest
 from orchard.env.schema import EventKind, SandboxEvent
 from orchard.rollout.trace import Trace
 
@@ -218,10 +219,29 @@ def _redo_browser(sandbox: Sandbox, event: SandboxEvent) -> ReplayStep:
     return _step(event, original, replayed, problems)
 
 
+def _redo_http(sandbox: Sandbox, event: SandboxEvent) -> ReplayStep:
+    """The same request; it matches when the service answers with the same status (a body
+    may carry a timestamp or an id without the state differing)."""
+    d = event.data
+    original = {"status": d.get("status"), "body_sha256": d.get("body_sha256")}
+    try:
+        request = ServiceRequest.model_validate(
+            {k: v for k, v in d.items() if k not in original})
+        answer = sandbox.http(request.port, request.path, request.method, body=request.body,
+                              headers=request.headers, timeout=request.timeout)
+    except (OrchardError, ValueError) as e:
+        return _step(event, original, {"error": str(e)}, [f"the request failed now: {e}"])
+    replayed = {"status": answer.status,
+                "body_sha256": hashlib.sha256(answer.body.encode()).hexdigest()}
+    problems = ([] if answer.status == d.get("status")
+                else [f"status {d.get('status')} then, {answer.status} now"])
+    return _step(event, original, replayed, problems)
+
+
 _REDO = {EventKind.exec: _redo_exec, EventKind.file_write: _redo_file_write,
          EventKind.mkdir: _redo_path_op, EventKind.remove: _redo_path_op,
          EventKind.patch: _redo_patch, EventKind.process: _redo_process,
-         EventKind.browser: _redo_browser}
+         EventKind.browser: _redo_browser, EventKind.http: _redo_http}
 
 
 def _create_like(client: SandboxClient, trace: Trace, sid: str, image: str | None,

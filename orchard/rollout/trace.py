@@ -65,6 +65,9 @@ def _event_summary(event: SandboxEvent) -> str:
         target = d.get("url") or (f"#{d['id']}" if d.get("id") else "")
         return (f"{event.sandbox_id}: browser {d.get('action')} {target}".rstrip()
                 + f" -> {d.get('page_url')}" + (f" ({d['error']})" if d.get("error") else ""))
+    if event.kind == EventKind.http:
+        return (f"{event.sandbox_id}: http {d.get('method')} :{d.get('port')}{d.get('path')} "
+                f"-> {d.get('status')}")
     return f"{event.sandbox_id}: {event.kind.value}"
 
 

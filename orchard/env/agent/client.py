@@ -41,6 +41,8 @@ from orchard.env.agent.server.protocol import (
     ProcessList,
     ProcessOutput,
     ProcessRequest,
+    ServiceRequest,
+    ServiceResponse,
     Signalled,
 )
 
@@ -363,6 +365,11 @@ class AgentClient:
         wait = float(req.get("timeout") or 30.0)
         return await self._call("POST", "/browser", json_body=req,
                                 deadline=2 * wait + self.timeout)
+
+    async def http(self, req: ServiceRequest) -> ServiceResponse:
+        """A request to a service on the sandbox's loopback, and its answer."""
+        return await self._call("POST", "/http", json_body=req,
+                                deadline=float(req.get("timeout") or 30.0) + self.timeout)
 
     async def signal_all(self, sig: str) -> Signalled:
         """STOP or CONT every process of the sandbox but the agent (pause and resume)."""

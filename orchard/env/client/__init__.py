@@ -19,6 +19,10 @@ from orchard.env.client.errors import (
     WaitTimeout,
 )
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
+from orchard.env.client.service_transport import (
+    AsyncSandboxServiceTransport,
+    SandboxServiceTransport,
+)
 from orchard.env.client.sync_client import PtySession, Sandbox, SandboxClient
 
 __all__ = [
@@ -26,6 +30,7 @@ __all__ = [
     "AsyncPtySession",
     "AsyncSandbox",
     "AsyncSandboxClient",
+    "AsyncSandboxServiceTransport",
     "AuthenticationError",
     "ConflictError",
     "ConnectError",
@@ -42,6 +47,7 @@ __all__ = [
     "RetryPolicy",
     "Sandbox",
     "SandboxClient",
+    "SandboxServiceTransport",
     "SandboxNotReady",
     "ServerError",
     "TransportError",

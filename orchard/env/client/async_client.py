@@ -26,7 +26,7 @@ from httpx_ws import (
     aconnect_ws,
 )
 
-from orchard.env import browser_schema, schema
+from orchard.env import browser_schema, http_schema, schema
 from orchard.env.client import errors
 from orchard.env.client.base import (
     CHUNK_SIZE,
@@ -288,6 +288,13 @@ class AsyncSandbox(SandboxBase):
         scroll, press key=, back, tab op=; screenshot=True adds a PNG), and the page after."""
         request = browser_schema.BrowserAction(action=action, **params)
         return await self._client._call(API.browser(self.id, request))
+
+    async def http(self, port: int, path: str = "/", method: http_schema.Method = "GET", *,
+             json: Any = None, body: str = "", headers: Mapping[str, str] | None = None,
+             timeout: float = 30.0) -> http_schema.ServiceResponse:
+        """A request to a service this sandbox serves on its own 127.0.0.1:``port``."""
+        request = http_schema.service_request(port, path, method, json, body, headers, timeout)
+        return await self._client._call(API.http(self.id, request))
 
     async def pause(self) -> schema.SandboxInfo:
         """Freeze its processes (memory is kept); execs are refused until :meth:`resume`."""

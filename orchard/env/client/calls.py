@@ -17,7 +17,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from orchard.env import browser_schema, schema
+from orchard.env import browser_schema, http_schema, schema
 from orchard.env.client import errors
 from orchard.env.client.http_errors import error_for_status
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
@@ -221,6 +221,15 @@ class API:
         return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/browser",
                     _model(browser_schema.BrowserObservation), json=_body(action), retry=retry,
                     timeout=_long(2 * action.timeout))
+
+    @staticmethod
+    def http(sandbox_id: str, request: http_schema.ServiceRequest
+             ) -> Call[http_schema.ServiceResponse]:
+        # Only a GET or HEAD may be sent twice: a POST to a tool may act twice.
+        retry = Retry.IDEMPOTENT if request.method in ("GET", "HEAD") else Retry.OVERLOAD
+        return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/http",
+                    _model(http_schema.ServiceResponse), json=_body(request), retry=retry,
+                    timeout=_long(request.timeout))
 
     @staticmethod
     def pause(sandbox_id: str) -> Call[schema.SandboxInfo]:

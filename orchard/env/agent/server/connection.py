@@ -12,6 +12,7 @@ from .archive import receive_archive, send_archive, signal_all
 from .common import CHUNK, DRAIN_LIMIT, WORKDIR, HTTPError, resolve
 from .execution import PROCESSES, BackgroundProcess, run_exec
 from .files import apply_patch, list_dir, remove_path, send_file, write_file
+from .forward import forward
 from .terminal import run_pty
 
 _REASONS = {
@@ -266,6 +267,8 @@ def route(c, method, path, query, headers):
         from .browser import browser_action
 
         c.send_json(browser_action(c.json_body(headers)))
+    elif path == "/http" and method == "POST":
+        c.send_json(forward(c.json_body(headers)))
     elif path == "/pty":
         run_pty(c, query)
         return False

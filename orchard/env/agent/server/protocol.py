@@ -192,3 +192,21 @@ class BrowserObservation(TypedDict):
     elements: int
     error: str | None
     screenshot_png_b64: NotRequired[str]
+
+
+class ServiceRequest(TypedDict, total=False):
+    """POST /http: a request to a service on the sandbox's loopback (see forward.py)."""
+
+    port: int
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: str
+    timeout: float
+
+
+class ServiceResponse(TypedDict):
+    status: int
+    headers: dict[str, str]
+    body: str
+    encoding: str  # utf-8, or base64 for a body that is not text
