@@ -11,14 +11,13 @@ sandbox's log: the two join into one trace by the session.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from orchard.env.browser_schema import BrowserObservation
 from orchard.env.client import InvalidRequest, Sandbox
+from orchard.rollout.tool_loop import ToolLoopResult, ToolRefused, run_tool_loop, tool_reply
 
 SYSTEM = (
     "You operate a web browser to reach a goal. Each turn you see the page as an "
@@ -38,22 +37,7 @@ BROWSER_TOOL = {"type": "function", "function": {
         "direction": {"type": "string", "enum": ["up", "down"]},
         "op": {"type": "string", "enum": ["new", "switch", "close"]},
         "index": {"type": "integer"}}}}}
-FINISH_TOOL = {"type": "function", "function": {
-    "name": "finish", "description": "End the task.",
-    "parameters": {"type": "object", "properties": {
-        "answer": {"type": "string", "description": "The answer, if the goal asks for one."}}}}}
-TOOLS = [BROWSER_TOOL, FINISH_TOOL]
-# How OpenAI, vLLM and the policy server say a prompt is longer than the model reads.
-CONTEXT_FULL = "maximum context length"
-
-
-@dataclass
-class BrowserAgentResult:
-    exit_status: str  # "Submitted" (finish was called) or "LimitsExceeded"
-    answer: str | None = None
-    n_steps: int = 0
-    n_tokens: int = 0
-    messages: list[dict[str, Any]] = field(default_factory=list)
+TOOLS = [BROWSER_TOOL]
 
 
 def render(page: BrowserObservation) -> str:
@@ -75,67 +59,29 @@ def _screenshot(page: BrowserObservation) -> dict[str, Any]:
 def run_browser_agent(sandbox: Sandbox, goal: str, start_url: str, model_url: str,
                       model: str, *, max_steps: int = 20, screenshots: bool = False,
                       action_timeout: float = 15.0, http: httpx.Client | None = None,
-                      history: list[dict[str, Any]] | None = None) -> BrowserAgentResult:
+                      history: list[dict[str, Any]] | None = None) -> ToolLoopResult:
     """Run the loop (see the module doc); ``model_url`` is an OpenAI base URL ending in /v1.
 
     ``history``: carry on a recorded conversation instead of starting at ``start_url``, in a
     sandbox whose browser is where that conversation left it (``orchard.rollout.branch``)."""
-    client = http or httpx.Client(timeout=300)
-    try:
-        if history:
-            messages = [dict(m) for m in history]
-        else:
-            page = sandbox.browser("goto", url=start_url, screenshot=screenshots,
-                                   timeout=action_timeout)
-            messages = [{"role": "system", "content": SYSTEM},
-                        {"role": "user", "content": f"Goal: {goal}\n\n{render(page)}"}]
-            if screenshots:
-                messages.append(_screenshot(page))
-        result = BrowserAgentResult(exit_status="LimitsExceeded", messages=messages)
-        while result.n_steps < max_steps:
-            reply = client.post(f"{model_url.rstrip('/')}/chat/completions", json={
-                "model": model, "messages": messages, "tools": TOOLS})
-            if reply.status_code == 400 and CONTEXT_FULL in reply.text:
-                return result  # the conversation outgrew the model: a limit, like the steps
-            reply.raise_for_status()
-            body = reply.json()
-            result.n_steps += 1
-            result.n_tokens += int((body.get("usage") or {}).get("total_tokens") or 0)
-            message = body["choices"][0]["message"]
-            messages.append({k: v for k, v in message.items() if v is not None})
-            calls = message.get("tool_calls") or []
-            if not calls:
-                messages.append({"role": "user", "content": "Answer with one tool call: "
-                                 "'browser' or 'finish'."})
-                continue
-            call = calls[0]
-            try:
-                args = json.loads(call["function"]["arguments"] or "{}")
-            except json.JSONDecodeError as e:
-                messages.append(_tool_reply(call, f"The arguments are not JSON ({e}); "
-                                                  "try again."))
-                continue
-            if call["function"]["name"] == "finish":
-                result.exit_status, result.answer = "Submitted", args.get("answer")
-                return result
-            if call["function"]["name"] != "browser" or not isinstance(args, dict):
-                messages.append(_tool_reply(call, "Use the 'browser' or 'finish' tool."))
-                continue
-            try:
-                page = sandbox.browser(**{**args, "screenshot": screenshots,
-                                          "timeout": action_timeout})
-            except (InvalidRequest, TypeError, ValueError) as e:
-                # A malformed action is the model's to fix, like a stale id.
-                messages.append(_tool_reply(call, f"That action is not valid: {e}"))
-                continue
-            messages.append(_tool_reply(call, render(page)))
-            if screenshots:
-                messages.append(_screenshot(page))
-        return result
-    finally:
-        if http is None:
-            client.close()
+    if history:
+        messages = [dict(m) for m in history]
+    else:
+        page = sandbox.browser("goto", url=start_url, screenshot=screenshots,
+                               timeout=action_timeout)
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"Goal: {goal}\n\n{render(page)}"}]
+        if screenshots:
+            messages.append(_screenshot(page))
 
+    def act(call: dict[str, Any], name: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+        try:
+            page = sandbox.browser(**{**args, "screenshot": screenshots,
+                                      "timeout": action_timeout})
+        except (InvalidRequest, TypeError, ValueError) as e:
+            # A malformed action is the model's to fix, like a stale id.
+            raise ToolRefused(f"That action is not valid: {e}") from None
+        return [tool_reply(call, render(page)), *([_screenshot(page)] if screenshots else [])]
 
-def _tool_reply(call: dict[str, Any], content: str) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call["id"], "content": content}
+    return run_tool_loop(model_url, model, messages, TOOLS, act, max_steps=max_steps,
+                         http=http)
