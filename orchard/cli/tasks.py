@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 from urllib.parse import urlsplit
 
 import typer
@@ -19,15 +20,20 @@ from orchard.env.client import SandboxClient
 
 if TYPE_CHECKING:
     from orchard.tasks import Task, TaskCheck
+    from orchard.tasks.assistant import AssistantTask, AssistantTaskCheck
     from orchard.tasks.web import WebTask, WebTaskCheck
+
+T = TypeVar("T")
+C = TypeVar("C")
 
 tasks_app = typer.Typer(no_args_is_help=True, help="Task sets: list and validate them.")
 # eval and report are top-level commands.
 app = typer.Typer()
 
 _Tasks = Annotated[str, typer.Argument(
-    help="'bundled', 'humaneval', 'web' (the web tasks), or a .json/.jsonl/.parquet file, a "
-         "saved dataset or a task directory.")]
+    help="'bundled', 'humaneval', 'web' (the web tasks), 'web-live', 'assistant' (hand-written "
+         "and generated assistant tasks), or a .json/.jsonl/.parquet file, a saved dataset or "
+         "a task directory.")]
 _Split = Annotated[str | None, typer.Option(help="Keep only this split (train, test).",
                                             show_default=False)]
 _TaskIds = Annotated[list[str] | None, typer.Option(
@@ -45,27 +51,68 @@ def _load(tasks: str, split: str | None, ids: list[str] | None) -> list[Task]:
 
 
 def _load_web(tasks: str, split: str | None, ids: list[str] | None) -> list[WebTask]:
-    from orchard.tasks import TaskLoadError
     from orchard.tasks.web import load_web_tasks
 
+    return _loaded(load_web_tasks, tasks, split, ids)
+
+
+def _load_assistant(tasks: str, split: str | None, ids: list[str] | None
+                    ) -> list[AssistantTask]:
+    from orchard.tasks.assistant import load_assistant_tasks
+
+    return _loaded(load_assistant_tasks, tasks, split, ids)
+
+
+def _loaded(loader: Callable[..., list[T]], tasks: str, split: str | None,
+            ids: list[str] | None) -> list[T]:
+    from orchard.tasks import TaskLoadError
+
     try:
-        loaded = load_web_tasks(tasks, split=split)
+        loaded = loader(tasks, split=split)
     except TaskLoadError as exc:
         stderr.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     return [t for t in loaded if not ids or t.instance_id in ids]
 
 
-def _is_web(tasks: str) -> bool:
+def _domain(tasks: str) -> str:
+    """swe, web or assistant: by the set's name, or a YAML file's first task."""
+    from orchard.tasks.assistant import ASSISTANT_SETS
     from orchard.tasks.web import WEB_SETS
 
-    return tasks in WEB_SETS or tasks.endswith((".yaml", ".yml"))
+    if tasks in WEB_SETS:
+        return "web"
+    if tasks in ASSISTANT_SETS:
+        return "assistant"
+    if tasks.endswith((".yaml", ".yml")):  # both domains' task files are YAML
+        path = Path(tasks)
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        return "assistant" if re.search(r"^\s*-?\s*world:", text, re.MULTILINE) else "web"
+    return "swe"
+
+
+def _is_web(tasks: str) -> bool:
+    return _domain(tasks) == "web"
 
 
 @tasks_app.command("list")
 def tasks_list(tasks: _Tasks = "bundled", split: _Split = None,
                json_: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List a task set's tasks."""
+    if _domain(tasks) == "assistant":
+        helped = _load_assistant(tasks, split, None)
+        if json_:
+            typer.echo(json.dumps([t.model_dump(exclude={"gold", "world"}) for t in helped],
+                                  indent=2))
+            return
+        table = Table(title=f"{tasks}: {len(helped)} tasks")
+        for col in ("instance_id", "split", "checks", "rubric", "goal"):
+            table.add_column(col)
+        for a in helped:
+            table.add_row(a.instance_id, a.split or "", ",".join(c.name for c in a.checks),
+                          str(len(a.rubric)), a.goal)
+        Console().print(table)
+        return
     if _is_web(tasks):
         web = _load_web(tasks, split, None)
         if json_:
@@ -111,7 +158,7 @@ def tasks_validate(
     doing nothing does not). Exit 1 if any task is broken."""
     from orchard.tasks import validate_tasks
 
-    def report(check: TaskCheck | WebTaskCheck) -> None:
+    def report(check: TaskCheck | WebTaskCheck | AssistantTaskCheck) -> None:
         if not json_:
             mark = "[green]ok[/]" if check.ok else "[red]BROKEN[/]"
             stderr.print(f"{mark} {check.instance_id} ({check.seconds:.1f}s)"
@@ -120,9 +167,17 @@ def tasks_validate(
     with contextlib.ExitStack() as stack:
         url, api_key = open_orchestrator(stack, ctx, orchestrator)
         client = stack.enter_context(SandboxClient(url, api_key=api_key))
-        checks: list[TaskCheck] | list[WebTaskCheck]
-        if _is_web(tasks):
-            checks = _validate_web(client, _load_web(tasks, split, task), concurrency, report)
+        checks: list[TaskCheck] | list[WebTaskCheck] | list[AssistantTaskCheck]
+        if _domain(tasks) == "assistant":
+            from orchard.tasks.assistant import validate_assistant
+
+            checks = _validate_each(client, _load_assistant(tasks, split, task),
+                                    validate_assistant, concurrency, report)
+        elif _is_web(tasks):
+            from orchard.tasks.web import validate_web
+
+            checks = _validate_each(client, _load_web(tasks, split, task), validate_web,
+                                    concurrency, report)
         else:
             checks = validate_tasks(client, _load(tasks, split, task), concurrency=concurrency,
                                     on_done=report)
@@ -136,14 +191,13 @@ def tasks_validate(
         raise typer.Exit(1)
 
 
-def _validate_web(client: SandboxClient, tasks: list[WebTask], concurrency: int,
-                  report: Callable[[WebTaskCheck], None]) -> list[WebTaskCheck]:
+def _validate_each(client: SandboxClient, tasks: list[T],
+                   validate: Callable[[SandboxClient, T], C], concurrency: int,
+                   report: Callable[[C], None]) -> list[C]:
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchard.tasks.web import validate_web
-
-    def one(task: WebTask) -> WebTaskCheck:
-        check = validate_web(client, task)
+    def one(task: T) -> C:
+        check = validate(client, task)
         report(check)
         return check
 
@@ -156,7 +210,8 @@ def _validate_web(client: SandboxClient, tasks: list[WebTask], concurrency: int,
 def eval_(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Run directory: results, traces; rerun to resume.")],
-    tasks: Annotated[str, typer.Option(help="'bundled', 'humaneval', 'web' or a path (see "
+    tasks: Annotated[str, typer.Option(help="'bundled', 'humaneval', 'web', 'assistant' or a "
+                                            "path (see "
                                             "`orchard tasks list --help`).")] = "bundled",
     split: _Split = None,
     task: _TaskIds = None,
@@ -164,7 +219,8 @@ def eval_(
         help="oracle (gold patch), teacher (mini-swe-agent + scripted teacher model) or "
              "mini-swe-agent (needs --model-url and --model); for web tasks, web-teacher "
              "(the browser agent + scripted web teacher) or browser-agent (needs --model-url "
-             "and --model).")] = "oracle",
+             "and --model); for assistant tasks, assistant-teacher or assistant (needs "
+             "--model-url and --model).")] = "oracle",
     n: Annotated[int, typer.Option(min=1, help="Samples per task (pass@k needs k <= n).")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 2,
     model_url: Annotated[str | None, typer.Option(
@@ -210,8 +266,11 @@ def eval_(
     from orchard.eval.progress import RunProgress
     from orchard.rollout.minisweagent import config_from_specs
 
-    loaded: list[Task] | list[WebTask] = (_load_web(tasks, split, task) if _is_web(tasks)
-                                           else _load(tasks, split, task))
+    domain = _domain(tasks)
+    loaded: list[Task] | list[WebTask] | list[AssistantTask] = (
+        _load_web(tasks, split, task) if domain == "web"
+        else _load_assistant(tasks, split, task) if domain == "assistant"
+        else _load(tasks, split, task))
     try:
         overrides = config_from_specs(config or [])
         h = make_harness(harness, loaded, model_url=model_url, model=model,

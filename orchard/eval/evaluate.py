@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from orchard.env.client import SandboxClient
+from orchard.eval.assistant_harness import AssistantHarness, AssistantTeacherHarness
 from orchard.eval.harness import (
     HARNESSES,
+    AnyTask,
     Harness,
     MiniSweAgentHarness,
     OracleHarness,
@@ -27,22 +29,35 @@ from orchard.eval.harness import (
 from orchard.eval.results import RolloutResult
 from orchard.eval.runner import RunConfig, Runner
 from orchard.eval.web_harness import BrowserAgentHarness, WebTeacherHarness
+from orchard.tasks.assistant.model import AssistantTask
 from orchard.tasks.model import Task
 from orchard.tasks.web.model import WebTask
 
 WEB_HARNESSES = ("web-teacher", "browser-agent")
+ASSISTANT_HARNESSES = ("assistant-teacher", "assistant")
 
 
-def make_harness(name: str, tasks: Sequence[Task] | Sequence[WebTask], *,
+def make_harness(name: str, tasks: Sequence[AnyTask], *,
                  model_url: str | None = None,
                  model: str | None = None, teacher_solve: float = 1.0,
                  config: dict[str, Any] | None = None, token_ids: bool = True,
                  render_with: str | Path | None = None) -> Harness:
     """A bundled harness by name: ``oracle``, ``teacher`` or ``mini-swe-agent``; for web tasks
-    ``web-teacher`` or ``browser-agent``."""
+    ``web-teacher`` or ``browser-agent``; for assistant tasks ``assistant-teacher`` or
+    ``assistant``."""
     web = [t for t in tasks if isinstance(t, WebTask)]
     if web and name not in WEB_HARNESSES:
         raise ValueError(f"web tasks run with {' or '.join(WEB_HARNESSES)}, not {name!r}")
+    helped = [t for t in tasks if isinstance(t, AssistantTask)]
+    if helped and name not in ASSISTANT_HARNESSES:
+        raise ValueError(f"assistant tasks run with {' or '.join(ASSISTANT_HARNESSES)}, not "
+                         f"{name!r}")
+    if name == "assistant-teacher":
+        return AssistantTeacherHarness(helped, solve=teacher_solve)
+    if name == "assistant":
+        if not model_url or not model:
+            raise ValueError("the assistant harness needs --model-url and --model")
+        return AssistantHarness(model_url, model, render_with=render_with)
     if name == "web-teacher":
         return WebTeacherHarness(web, solve=teacher_solve)
     if name == "browser-agent":
@@ -62,10 +77,10 @@ def make_harness(name: str, tasks: Sequence[Task] | Sequence[WebTask], *,
         return MiniSweAgentHarness(model_url, model, token_ids=token_ids, config=config,
                                    render_with=render_with)
     raise ValueError(f"unknown harness {name!r}; choose one of "
-                     f"{', '.join((*HARNESSES, *WEB_HARNESSES))}")
+                     f"{', '.join((*HARNESSES, *WEB_HARNESSES, *ASSISTANT_HARNESSES))}")
 
 
-def evaluate(tasks: Sequence[Task] | Sequence[WebTask], harness: Harness, out: Path,
+def evaluate(tasks: Sequence[AnyTask], harness: Harness, out: Path,
              client: SandboxClient, *,
              config: RunConfig | None = None, proxy_url: str | None = None,
              on_start: Callable[[RolloutResult | None, int, int], None] | None = None,

@@ -26,6 +26,7 @@ from typing import Any, Protocol, Self
 from pydantic import BaseModel
 
 from orchard.env.client import Sandbox, SandboxClient
+from orchard.tasks.assistant.model import AssistantTask
 from orchard.tasks.model import Task
 from orchard.tasks.web.model import WebTask
 from orchard.tasks.workspace import Workspace, open_task_sandbox, prepare_workspace
@@ -33,6 +34,11 @@ from orchard.tasks.workspace import Workspace, open_task_sandbox, prepare_worksp
 PATCH_LIMIT = 8 << 20
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
+# The key of HarnessResult.detail under which a harness hands over the grade it made in the
+# rollout's own sandbox (web and assistant tasks: the state to judge lives there).
+SANDBOX_GRADE = "sandbox_grade"
+# A task of any domain: software engineering, web, assistant.
+AnyTask = Task | WebTask | AssistantTask
 
 class HarnessError(RuntimeError):
     """The harness itself failed (not the environment, not the model)."""
@@ -91,7 +97,7 @@ class Heartbeats:
 class RolloutContext:
     """One attempt at one rollout, as the runner hands it to a harness."""
 
-    task: Task | WebTask
+    task: AnyTask
     client: SandboxClient
     rollout_id: str
     """The proxy session and the sandboxes' ``session``: joins the rollout's trace."""
@@ -135,7 +141,8 @@ class RolloutContext:
 
     @contextlib.contextmanager
     def web_sandbox(self) -> Iterator[Sandbox]:
-        """A sandbox for a web task (its sites are the harness's to start); deleted after."""
+        """A sandbox for a web or assistant task (its sites or services are the harness's to
+        start); deleted after."""
         with self.timed():
             sandbox = self.client.create_sandbox(
                 self.task.image, labels=self.labels, session=self.rollout_id,

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from orchard.tasks.assistant.grading import AssistantGrade
 from orchard.tasks.grading import Grade
 from orchard.tasks.web.grading import WebGrade
 
@@ -50,7 +51,7 @@ class RolloutResult(BaseModel):
     patch: str = ""
     resolved: bool = False
     reward: float = -1.0
-    grade: Grade | WebGrade | None = None
+    grade: Grade | WebGrade | AssistantGrade | None = None
     failure: Failure | None = None
     n_steps: int = 0
     n_tokens: int = 0

@@ -29,6 +29,8 @@ from pydantic import BaseModel, Field
 from orchard.env.client import InvalidRequest, OrchardError, SandboxClient
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.eval.harness import (
+    SANDBOX_GRADE,
+    AnyTask,
     Harness,
     HarnessError,
     HarnessResult,
@@ -44,9 +46,9 @@ from orchard.eval.results import (
     summarize,
     write_outputs,
 )
-from orchard.eval.web_harness import WEB_GRADE
+from orchard.tasks.assistant.grading import AssistantGrade
+from orchard.tasks.assistant.model import AssistantTask
 from orchard.tasks.grading import grade
-from orchard.tasks.model import Task
 from orchard.tasks.web.grading import WebGrade
 from orchard.tasks.web.model import WebTask
 from orchard.tasks.workspace import TaskSetupError
@@ -98,7 +100,7 @@ def _scaled(cpu: str, memory: str, attempt: int) -> tuple[str, str]:
 
 
 class Runner:
-    def __init__(self, config: RunConfig, tasks: Sequence[Task | WebTask], harness: Harness,
+    def __init__(self, config: RunConfig, tasks: Sequence[AnyTask], harness: Harness,
                  client: SandboxClient, *, proxy_url: str | None = None,
                  on_result: Callable[[RolloutResult], None] | None = None,
                  on_start: Callable[[RolloutResult | None, int, int], None] | None = None) -> None:
@@ -147,7 +149,7 @@ class Runner:
 
     # --- running ----------------------------------------------------------------------------
 
-    def pending(self, done: set[tuple[str, int]]) -> list[tuple[Task | WebTask, int]]:
+    def pending(self, done: set[tuple[str, int]]) -> list[tuple[AnyTask, int]]:
         return [(t, k) for k in range(self.config.n) for t in self.tasks
                 if (t.instance_id, k) not in done]
 
@@ -188,7 +190,7 @@ class Runner:
                                                     **self.config.settings})
         return summary
 
-    def rollout(self, task: Task | WebTask, k: int, beats: Heartbeats) -> RolloutResult:
+    def rollout(self, task: AnyTask, k: int, beats: Heartbeats) -> RolloutResult:
         """One rollout: the harness (retried on environment failures), then grading."""
         started = time.time()
         t0 = time.monotonic()
@@ -232,12 +234,13 @@ class Runner:
         result.ended_at = time.time()
         return result
 
-    def _grade(self, task: Task | WebTask, result: RolloutResult,
+    def _grade(self, task: AnyTask, result: RolloutResult,
                outcome: HarnessResult | None) -> None:
-        if isinstance(task, WebTask):
-            # Graded by the harness, in the rollout's sandbox, where the sites' state was.
-            if outcome is not None and WEB_GRADE in outcome.detail:
-                result.grade = WebGrade.model_validate(outcome.detail[WEB_GRADE])
+        if isinstance(task, WebTask | AssistantTask):
+            # Graded by the harness, in the rollout's sandbox, where the state to judge was.
+            if outcome is not None and SANDBOX_GRADE in outcome.detail:
+                kind = WebGrade if isinstance(task, WebTask) else AssistantGrade
+                result.grade = kind.model_validate(outcome.detail[SANDBOX_GRADE])
                 result.resolved, result.reward = result.grade.resolved, result.grade.reward
             return
         labels = {RUN_LABEL: self.run_id, ROLLOUT_LABEL: result.rollout_id,

@@ -10,13 +10,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchard.eval.harness import HarnessError, HarnessResult, RolloutContext, ScriptedTeacher
+from orchard.eval.harness import (
+    SANDBOX_GRADE,
+    HarnessError,
+    HarnessResult,
+    RolloutContext,
+    ScriptedTeacher,
+)
 from orchard.tasks.web.environment import start_sites
 from orchard.tasks.web.grading import grade_web
 from orchard.tasks.web.model import WebTask
 from orchard.tasks.web.teacher import web_teacher
-
-WEB_GRADE = "web_grade"
 
 
 class BrowserAgentHarness:
@@ -54,7 +58,7 @@ class BrowserAgentHarness:
                 grade = grade_web(sandbox, task, result.answer)
         return HarnessResult(exit_status=result.exit_status, n_steps=result.n_steps,
                              n_tokens=result.n_tokens,
-                             detail={"answer": result.answer, WEB_GRADE: grade.model_dump()})
+                             detail={"answer": result.answer, SANDBOX_GRADE: grade.model_dump()})
 
 
 class WebTeacherHarness(ScriptedTeacher, BrowserAgentHarness):

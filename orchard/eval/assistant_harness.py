@@ -1,0 +1,75 @@
+"""Harnesses of the assistant domain: the tool-calling assistant on a model, and the scripted
+assistant teacher.
+
+Like a web rollout, an assistant rollout is graded in its own sandbox, where the services'
+final world lives, before the sandbox goes: the harness hands the grade to the runner in
+``HarnessResult.detail``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchard.eval.harness import (
+    SANDBOX_GRADE,
+    HarnessError,
+    HarnessResult,
+    RolloutContext,
+    ScriptedTeacher,
+)
+from orchard.tasks.assistant.environment import start_services
+from orchard.tasks.assistant.grading import grade_assistant
+from orchard.tasks.assistant.model import SERVICES_PORT, AssistantTask
+from orchard.tasks.assistant.teacher import assistant_teacher
+
+
+class AssistantHarness:
+    """``orchard.rollout.assistant_agent`` on the rollout's sandbox, calling ``model`` at the
+    rollout's model URL (the recording proxy's session), with the task's tools and budget."""
+
+    name = "assistant"
+
+    def __init__(self, model_url: str, model: str, *,
+                 render_with: str | Path | None = None) -> None:
+        self.model_upstream: str | None = model_url
+        self.model = model
+        self.render_with = render_with
+        """A tokenizer for the recording proxy to render chat with (the policy server)."""
+
+    def run(self, ctx: RolloutContext) -> HarnessResult:
+        from orchard.rollout.assistant_agent import run_assistant
+
+        task = ctx.task
+        if not isinstance(task, AssistantTask):
+            raise HarnessError(f"{self.name} runs assistant tasks; {task.instance_id} is not "
+                               "one")
+        if ctx.model_url is None:
+            raise HarnessError(f"{self.name} needs a model URL; the runner gives the "
+                               "recording proxy's")
+        with ctx.web_sandbox() as sandbox:
+            with ctx.timed():
+                start_services(sandbox, task)
+            result = run_assistant(sandbox, task.goal, ctx.model_url, self.model,
+                                   port=SERVICES_PORT, tools=task.tools,
+                                   max_steps=task.budget.steps)
+            with ctx.timed():
+                grade = grade_assistant(sandbox, task, result.answer)
+        return HarnessResult(exit_status=result.exit_status, n_steps=result.n_steps,
+                             n_tokens=result.n_tokens,
+                             detail={"answer": result.answer, SANDBOX_GRADE: grade.model_dump()})
+
+
+class AssistantTeacherHarness(ScriptedTeacher, AssistantHarness):
+    """The assistant driven by the scripted assistant teacher, which makes the gold calls of a
+    ``solve`` share of the tasks and half of them on the rest."""
+
+    name = "assistant-teacher"
+
+    def __init__(self, tasks: Sequence[AssistantTask], solve: float = 1.0) -> None:
+        super().__init__("", "teacher")
+        self._policy = assistant_teacher(tasks, solve)
+
+    def policy(self, messages: list[dict[str, Any]], tools: Any) -> Any:
+        return self._policy(messages, tools)

@@ -1,0 +1,117 @@
+"""Grading and validating assistant tasks: the checks over the final world, the gold run.
+
+``grade_assistant`` judges a sandbox at the end of a rollout: every check must hold. (The
+rubric is for a judge and is not part of this pass/fail.) ``run_gold`` makes the gold tool
+calls. ``validate_assistant`` proves a task solvable and not solved by doing nothing, each in
+a fresh sandbox.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from orchard.env.client import OrchardError, Sandbox, SandboxClient
+from orchard.tasks.assistant.checks import CHECKS
+from orchard.tasks.assistant.environment import (
+    ServicesError,
+    call_tool,
+    start_services,
+    world_state,
+)
+from orchard.tasks.assistant.model import AssistantTask
+
+Outcome = Literal["resolved", "unresolved", "task_error"]
+
+
+class AssistantGrade(BaseModel):
+    instance_id: str
+    resolved: bool
+    reward: float
+    outcome: Outcome = Field(description="task_error: a check or the services failed; the "
+                             "task is broken, the rollout is not to blame.")
+    reason: str
+    checks: list[tuple[str, bool, str]] = Field(default_factory=list)
+    answer: str | None = None
+
+
+def grade_assistant(sandbox: Sandbox, task: AssistantTask, answer: str | None
+                    ) -> AssistantGrade:
+    """Judge the sandbox's world as it is now, with the assistant's final answer."""
+    def graded(outcome: Outcome, reason: str,
+               results: list[tuple[str, bool, str]] | None = None) -> AssistantGrade:
+        return AssistantGrade(instance_id=task.instance_id, resolved=outcome == "resolved",
+                              reward=1.0 if outcome == "resolved" else 0.0, outcome=outcome,
+                              reason=reason, checks=results or [], answer=answer)
+
+    unknown = sorted({c.name for c in task.checks} - CHECKS.keys())
+    if unknown:
+        return graded("task_error", f"unknown checks {unknown}; one of {sorted(CHECKS)}")
+    try:
+        world = world_state(sandbox)
+    except ServicesError as e:
+        return graded("task_error", str(e))
+    results = []
+    for check in task.checks:
+        try:
+            passed, reason = CHECKS[check.name](world, answer, **check.args)
+        except Exception as e:  # noqa: BLE001 - a broken check is the task's fault
+            return graded("task_error", f"check {check.name} crashed: {type(e).__name__}: {e}")
+        results.append((check.name, passed, reason))
+    failed = [r for r in results if not r[1]]
+    if failed:
+        return graded("unresolved", f"{failed[0][0]}: {failed[0][2]}", results)
+    return graded("resolved", f"all {len(results)} checks hold", results)
+
+
+class GoldFailed(RuntimeError):
+    """A gold call was refused: the task's script does not fit its world."""
+
+
+def run_gold(sandbox: Sandbox, task: AssistantTask) -> str | None:
+    """Make the gold tool calls; returns the gold answer."""
+    for call in task.gold:
+        ok, result = call_tool(sandbox, call.tool, call.args)
+        if not ok:
+            raise GoldFailed(f"{call.tool}({call.args}) was refused: {result}")
+    return task.answer
+
+
+class AssistantTaskCheck(BaseModel):
+    instance_id: str
+    ok: bool
+    problems: list[str] = Field(default_factory=list)
+    gold: AssistantGrade | None = None
+    empty: AssistantGrade | None = None
+    seconds: float = 0.0
+
+
+def validate_assistant(client: SandboxClient, task: AssistantTask, *,
+                       labels: dict[str, str] | None = None) -> AssistantTaskCheck:
+    """The gold run resolves the task and doing nothing does not, each in a fresh sandbox."""
+    start = time.monotonic()
+    problems: list[str] = []
+    grades: dict[str, AssistantGrade] = {}
+    for run in ("empty", "gold"):
+        try:
+            with client.create_sandbox(task.image, labels=labels or {}) as sb:
+                start_services(sb, task)
+                grades[run] = grade_assistant(sb, task, run_gold(sb, task) if run == "gold"
+                                              else None)
+        except GoldFailed as e:
+            problems.append(f"its gold solution cannot be played: {e}")
+        except (OrchardError, ServicesError) as e:
+            problems.append(f"the environment failed ({type(e).__name__}: {e}); this says "
+                            "nothing about the task, validate again")
+    gold, empty = grades.get("gold"), grades.get("empty")
+    if gold is not None and not gold.resolved:
+        problems.append(f"the gold solution does not resolve it: {gold.reason}")
+    if empty is not None and empty.resolved:
+        problems.append(f"doing nothing resolves it: {empty.reason}")
+    for grade in (gold, empty):
+        if grade is not None and grade.outcome == "task_error":
+            problems.append(f"its checks are broken: {grade.reason}")
+    return AssistantTaskCheck(instance_id=task.instance_id, ok=not problems, problems=problems,
+                              gold=gold, empty=empty, seconds=time.monotonic() - start)
