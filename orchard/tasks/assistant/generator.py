@@ -27,6 +27,9 @@ FACTS = [("Lake Baikal", "deepest lake", "1,642 metres"), ("Mount Kilimanjaro",
          "in Europe", "2,850 kilometres"), ("The Atacama", "driest desert", "less than 1 mm of "
          "rain a year"), ("Angel Falls", "highest waterfall", "979 metres")]
 
+VISITS = ["It is visited by many.", "Few people go there.", "It is a protected site.",
+          "It was surveyed again last year.", "Its name has several spellings."]
+
 Template = Callable[[random.Random, str], dict[str, Any]]
 
 
@@ -211,7 +214,8 @@ def phone_lookup(rng: random.Random, iid: str) -> dict[str, Any]:
 def research_note(rng: random.Random, iid: str) -> dict[str, Any]:
     place, what, value = rng.choice(FACTS)
     pages = [{"url": f"https://wiki.example/{p.replace(' ', '_')}", "title": p,
-              "text": f"{p} is the {w}: {v}. It is visited by many."} for p, w, v in FACTS]
+              "text": f"{p} is the {w}: {v}. {rng.choice(VISITS)}"} for p, w, v in FACTS]
+    rng.shuffle(pages)
     return {"goal": f"Look up how big {place} is on the web and save it in a note titled "
                     f"'{place}'.",
             "world": {"web": pages},

@@ -1,0 +1,174 @@
+"""The assistant domain: its tools and services, its tasks (every gold run resolves, doing
+nothing does not), the services in real sandboxes over HTTP and MCP (the mcp SDK's client),
+and rollouts of the assistant loop through the recording proxy, graded and traced."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchard.env.client import AsyncSandboxClient, SandboxClient
+from orchard.eval import RunConfig, evaluate, make_harness
+from orchard.eval.results import read_results
+from orchard.tasks.assistant import (
+    CHECKS,
+    TEMPLATES,
+    AssistantTask,
+    Check,
+    call_tool,
+    generate,
+    grade_assistant,
+    load_assistant_tasks,
+    start_services,
+    validate_assistant,
+    world_state,
+)
+from orchard.tasks.assistant.services.tools import TOOLS, ToolError, call
+from orchard.tasks.loaders import TaskLoadError
+from tests.conftest import needs_root
+
+TASKS = {t.instance_id: t for t in load_assistant_tasks()}
+HAND = load_assistant_tasks("assistant-hand")
+
+
+def play(task: AssistantTask) -> dict:
+    world = task.seed()
+    for step in task.gold:
+        world, _ = call(world, step.tool, step.args)
+    return world
+
+
+def passes(task: AssistantTask, world: dict, answer: str | None) -> bool:
+    return all(CHECKS[c.name](world, answer, **c.args)[0] for c in task.checks)
+
+
+def test_the_sets_load_with_splits_and_are_varied() -> None:
+    generated = load_assistant_tasks("assistant-generated")
+    assert len(generated) == 200 and len(HAND) >= 10
+    assert len(TASKS) == len(generated) + len(HAND)  # ids are unique
+    assert {t.split for t in TASKS.values()} == {"train", "test"}
+    assert {t.metadata["template"] for t in generated} == {f.__name__ for f in TEMPLATES}
+    # The seeds vary the requests and the worlds, not just the ids.
+    assert len({t.goal for t in generated}) > 120
+    assert len({json.dumps([t.goal, t.world], sort_keys=True) for t in generated}) > 190
+    assert generate(20, seed=1) == generate(20, seed=1) != generate(20, seed=2)
+
+
+@pytest.mark.parametrize("task", list(TASKS.values()), ids=list(TASKS))
+def test_every_gold_run_resolves_and_doing_nothing_does_not(task: AssistantTask) -> None:
+    assert passes(task, play(task), task.answer)
+    assert not passes(task, task.seed(), None)
+
+
+def test_a_wrong_call_is_an_error_with_the_schema_and_changes_nothing() -> None:
+    world = TASKS["hand-move-dana-thursday"].seed()
+    before = copy.deepcopy(world)
+    for name, args, said in [
+            ("calendar_create", {"title": "x"}, "missing ['start', 'end']"),
+            ("calendar_create", {"title": "x", "start": 9, "end": "b"}, "'start' must be"),
+            ("mail_move", {"id": "m1", "folder": "archive", "extra": 1}, "no argument 'extra'"),
+            ("calendar_respond", {"id": "i1", "response": "maybe"}, "one of ['accept'"),
+            ("calendar_update", {"id": "e404"}, "no event with id 'e404'"),
+            ("calendar_update", {"id": "e1", "end": "2026-03-05T09:00"}, "end after it starts"),
+            ("no_such_tool", {}, "no tool 'no_such_tool'")]:
+        with pytest.raises(ToolError, match=said.replace("[", r"\[")):
+            call(world, name, args)
+    assert world == before
+    changed, result = call(world, "calendar_create", {
+        "title": "Clash", "start": "2026-03-05T10:30", "end": "2026-03-05T11:30"})
+    assert result["conflicts"] == ["e1"] and world == before and changed != before
+    assert "Its schema" in str(pytest.raises(ToolError, call, world, "files_read", {}).value)
+    assert set(TOOLS) >= {"mail_send", "calendar_respond", "contacts_search", "files_write",
+                          "notes_add", "todos_done", "web_search"}
+
+
+def test_bad_task_files_say_what_is_wrong(tmp_path: Path) -> None:
+    row = TASKS["hand-invoice-question"].model_dump()
+    for change, said in [({"checks": [{"name": "nope"}]}, "unknown checks"),
+                         ({"gold": [{"tool": "teleport"}]}, "unknown tools"),
+                         ({"world": {"bank": {}}}, "no part")]:
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps([{**row, **change}]))
+        with pytest.raises(TaskLoadError, match=said):
+            load_assistant_tasks(bad)
+
+
+@pytest.fixture(scope="module")
+def client(orchestrator: str) -> Iterator[SandboxClient]:
+    with SandboxClient(orchestrator) as c:
+        yield c
+
+
+@needs_root
+def test_services_in_a_sandbox_over_http_and_mcp(client: SandboxClient,
+                                                 orchestrator: str) -> None:
+    from orchard.tasks.assistant.mcp_client import mcp_session
+
+    task = TASKS["hand-move-dana-thursday"]
+    with client.create_sandbox() as sb:
+        start_services(sb, task)
+        assert call_tool(sb, "contacts_search", {"query": "dana"})[1][0]["name"] == "Dana Lee"
+        ok, why = call_tool(sb, "calendar_update", {"id": "e1", "start": 5})
+        assert not ok and "'start' must be a JSON string" in why and "schema" in why
+
+        async def over_mcp() -> tuple[int, bool, str, bool]:
+            async with AsyncSandboxClient(orchestrator, api_key=client.api_key) as aclient, \
+                    mcp_session(await aclient.get_sandbox(sb.id)) as session:
+                listed = await session.list_tools()
+                moved = await session.call_tool("calendar_update", {
+                    "id": "e2", "start": "2026-03-06T14:00", "end": "2026-03-06T14:30"})
+                refused = await session.call_tool("mail_read", {"id": "m404"})
+                return (len(listed.tools), moved.is_error, refused.content[0].text,
+                        refused.is_error)
+
+        n_tools, moved_error, refusal, refused_error = asyncio.run(over_mcp())
+        assert n_tools == len(TOOLS) and not moved_error
+        assert refused_error and "no message with id 'm404'" in refusal
+        world = world_state(sb)  # the MCP call changed the world the checks read
+        assert next(e for e in world["events"] if e["id"] == "e2")["start"] == \
+            "2026-03-06T14:00"
+        # The world is on disk too: it outlives the server.
+        saved = json.loads(sb.download_content("/workspace/.orchard-assistant/world.json"))
+        assert saved == world
+
+
+@needs_root
+def test_validation_and_a_broken_check(client: SandboxClient) -> None:
+    check = validate_assistant(client, TASKS["hand-answer-invitations"])
+    assert check.ok and check.gold and check.gold.resolved, check
+    task = TASKS["hand-invoice-todo"]
+    broken = task.model_copy(update={"checks": [Check(name="todo", args={"nope": 1})]})
+    with client.create_sandbox() as sb:
+        start_services(sb, broken)
+        grade = grade_assistant(sb, broken, None)
+    assert grade.outcome == "task_error" and "crashed" in grade.reason
+
+
+@needs_root
+def test_eval_with_the_assistant_teacher_is_graded_and_traced(client: SandboxClient,
+                                                              tmp_path: Path) -> None:
+    chosen = [TASKS[i] for i in ("hand-move-dana-thursday", "hand-invoice-question",
+                                 "gen-answer-invitation-004")]
+    out = tmp_path / "run"
+    summary = evaluate(chosen, make_harness("assistant-teacher", chosen), out, client,
+                       config=RunConfig(out=out, n=2))
+    assert summary["overall"]["rollouts"] == 6 and summary["overall"]["resolved_rate"] == 1.0
+    rows = read_results(out)
+    trace = json.loads((out / rows[0].trace).read_text())
+    tool_calls = [e for e in trace["sandbox_events"] if e["kind"] == "http"
+                  and e["data"]["path"].startswith("/tools/")]
+    assert len(trace["model_calls"]) == rows[0].n_steps
+    assert len(tool_calls) == rows[0].n_steps - 1  # every call but finish is a tool call
+    weak_out = tmp_path / "weak"
+    weak = evaluate(chosen[:1], make_harness("assistant-teacher", chosen, teacher_solve=0.0),
+                    weak_out, client, config=RunConfig(out=weak_out))
+    assert weak["overall"]["resolved_rate"] == 0.0
+    (row,) = read_results(weak_out)
+    assert row.grade is not None and row.grade.outcome == "unresolved" and row.n_steps == 3
+    with pytest.raises(ValueError, match="assistant tasks run with"):
+        make_harness("web-teacher", chosen)
