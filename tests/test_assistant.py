@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,9 @@ import pytest
 from orchard.env.client import AsyncSandboxClient, SandboxClient
 from orchard.eval import RunConfig, evaluate, make_harness
 from orchard.eval.results import read_results
+from orchard.rollout.policies import Reply
+from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.tasks.assistant import (
     CHECKS,
     TEMPLATES,
@@ -172,3 +176,58 @@ def test_eval_with_the_assistant_teacher_is_graded_and_traced(client: SandboxCli
     assert row.grade is not None and row.grade.outcome == "unresolved" and row.n_steps == 3
     with pytest.raises(ValueError, match="assistant tasks run with"):
         make_harness("web-teacher", chosen)
+
+
+def scripted_judge(messages: list[dict], tools: object) -> Reply:
+    """Full marks on the first criterion, half on the rest: J is known in advance."""
+    prompt = str(messages[-1]["content"])
+    n = len(re.findall(r"^\d+\. ", prompt, re.MULTILINE))
+    return Reply(content=json.dumps({"scores": [1.0] + [0.5] * (n - 1)}))
+
+
+def nonsense_judge(messages: list[dict], tools: object) -> Reply:
+    return Reply(content="It looks fine to me.")
+
+
+@needs_root
+def test_the_rubric_judge_gives_the_process_reward_and_is_traced(client: SandboxClient,
+                                                                 tmp_path: Path) -> None:
+    task = TASKS["hand-move-dana-thursday"]  # two criteria, weights 2 and 1
+    with TeacherServer(FunctionPolicy(scripted_judge), load_tokenizer(TEST_TOKENIZER),
+                       model_name="judge") as judge:
+        out = tmp_path / "judged"
+        harness = make_harness("assistant-teacher", [task], judge_url=f"{judge.url}/v1")
+        evaluate([task], harness, out, client, config=RunConfig(out=out))
+    (row,) = read_results(out)
+    assert row.grade is not None and row.grade.resolved and row.failure is None
+    assert row.grade.judge_scores == [1.0, 0.5]
+    assert row.grade.judge == pytest.approx((2 * 1.0 + 1 * 0.5) / 3)
+    assert row.reward == pytest.approx(1.0 + 0.5 * row.grade.judge)
+    trace = json.loads((out / row.trace).read_text())
+    (call,) = trace["judge_calls"]
+    assert "Criteria:" in call["request"]["messages"][-1]["content"]
+    assert "CALL calendar_update" in call["request"]["messages"][-1]["content"]
+
+
+@needs_root
+def test_a_judge_that_fails_is_a_judge_failure_not_a_zero(client: SandboxClient,
+                                                           tmp_path: Path) -> None:
+    task = TASKS["hand-contract-term"]
+    with TeacherServer(FunctionPolicy(nonsense_judge), load_tokenizer(TEST_TOKENIZER),
+                       model_name="judge") as judge:
+        out = tmp_path / "nonsense"
+        evaluate([task], make_harness("assistant-teacher", [task],
+                                      judge_url=f"{judge.url}/v1"),
+                 out, client, config=RunConfig(out=out))
+    (row,) = read_results(out)
+    assert row.failure is not None and row.failure.cls == "judge"
+    assert "nonsense" in row.failure.message and "It looks fine" in row.failure.message
+    trace = json.loads((out / row.trace).read_text())
+    assert len(trace["judge_calls"]) == 2  # it asked again once
+    out = tmp_path / "unreachable"
+    evaluate([task], make_harness("assistant-teacher", [task],
+                                  judge_url="http://127.0.0.1:9/v1"),
+             out, client, config=RunConfig(out=out))
+    (row,) = read_results(out)
+    assert row.failure is not None and row.failure.cls == "judge"
+    assert "unreachable" in row.failure.message

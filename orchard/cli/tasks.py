@@ -242,6 +242,11 @@ def eval_(
         help="Tokenizer directory: the proxy renders chat with its template and calls the "
              "model's /v1/completions with token ids (for servers whose chat endpoint gives "
              "no token ids, e.g. `orchard policy serve`, vLLM).", show_default=False)] = None,
+    judge_url: Annotated[str | None, typer.Option(
+        help="Assistant tasks: an OpenAI-compatible URL (ending in /v1) whose model scores each "
+             "rollout's rubric; the reward becomes base + 0.5 J.", show_default=False)] = None,
+    judge_model: Annotated[str, typer.Option(help="The model the judge URL serves.")
+                           ] = "judge",
     max_attempts: Annotated[int, typer.Option(
         min=1, max=10, help="Attempts per rollout on environment failures.")] = 3,
     cpu: Annotated[str, typer.Option(help="Sandbox CPU (doubled on each retry).")] = "1",
@@ -275,7 +280,7 @@ def eval_(
         overrides = config_from_specs(config or [])
         h = make_harness(harness, loaded, model_url=model_url, model=model,
                          teacher_solve=teacher_solve, config=overrides, token_ids=token_ids,
-                         render_with=render_with)
+                         render_with=render_with, judge_url=judge_url, judge_model=judge_model)
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
     settings = {"tasks": tasks, "split": split, "harness": harness, "model": model,

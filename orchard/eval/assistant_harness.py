@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from orchard.eval.harness import (
+    JUDGE_CALLS,
+    JUDGE_FAILURE,
     SANDBOX_GRADE,
     HarnessError,
     HarnessResult,
@@ -21,6 +23,7 @@ from orchard.eval.harness import (
 )
 from orchard.tasks.assistant.environment import start_services
 from orchard.tasks.assistant.grading import grade_assistant
+from orchard.tasks.assistant.judge import JudgeFailed, RubricJudge, process_reward
 from orchard.tasks.assistant.model import SERVICES_PORT, AssistantTask
 from orchard.tasks.assistant.teacher import assistant_teacher
 
@@ -31,12 +34,14 @@ class AssistantHarness:
 
     name = "assistant"
 
-    def __init__(self, model_url: str, model: str, *,
-                 render_with: str | Path | None = None) -> None:
+    def __init__(self, model_url: str, model: str, *, render_with: str | Path | None = None,
+                 judge: RubricJudge | None = None) -> None:
         self.model_upstream: str | None = model_url
         self.model = model
         self.render_with = render_with
         """A tokenizer for the recording proxy to render chat with (the policy server)."""
+        self.judge = judge
+        """Scores the rubric of tasks that have one: the reward becomes base + 0.5 J."""
 
     def run(self, ctx: RolloutContext) -> HarnessResult:
         from orchard.rollout.assistant_agent import run_assistant
@@ -56,9 +61,19 @@ class AssistantHarness:
                                    max_steps=task.budget.steps)
             with ctx.timed():
                 grade = grade_assistant(sandbox, task, result.answer)
+        detail: dict[str, Any] = {"answer": result.answer}
+        if self.judge is not None and task.rubric and grade.outcome != "task_error":
+            try:
+                verdict = self.judge.score(task, result.messages, result.answer)
+            except JudgeFailed as e:
+                detail[JUDGE_CALLS], detail[JUDGE_FAILURE] = e.calls, str(e)
+            else:
+                grade.judge, grade.judge_scores = verdict.j, verdict.scores
+                grade.reward = process_reward(grade.resolved, verdict.j)
+                detail[JUDGE_CALLS] = verdict.calls
+        detail[SANDBOX_GRADE] = grade.model_dump()
         return HarnessResult(exit_status=result.exit_status, n_steps=result.n_steps,
-                             n_tokens=result.n_tokens,
-                             detail={"answer": result.answer, SANDBOX_GRADE: grade.model_dump()})
+                             n_tokens=result.n_tokens, detail=detail)
 
 
 class AssistantTeacherHarness(ScriptedTeacher, AssistantHarness):
@@ -67,8 +82,9 @@ class AssistantTeacherHarness(ScriptedTeacher, AssistantHarness):
 
     name = "assistant-teacher"
 
-    def __init__(self, tasks: Sequence[AssistantTask], solve: float = 1.0) -> None:
-        super().__init__("", "teacher")
+    def __init__(self, tasks: Sequence[AssistantTask], solve: float = 1.0, *,
+                 judge: RubricJudge | None = None) -> None:
+        super().__init__("", "teacher", judge=judge)
         self._policy = assistant_teacher(tasks, solve)
 
     def policy(self, messages: list[dict[str, Any]], tools: Any) -> Any:

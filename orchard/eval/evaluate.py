@@ -29,6 +29,7 @@ from orchard.eval.harness import (
 from orchard.eval.results import RolloutResult
 from orchard.eval.runner import RunConfig, Runner
 from orchard.eval.web_harness import BrowserAgentHarness, WebTeacherHarness
+from orchard.tasks.assistant.judge import RubricJudge
 from orchard.tasks.assistant.model import AssistantTask
 from orchard.tasks.model import Task
 from orchard.tasks.web.model import WebTask
@@ -41,10 +42,11 @@ def make_harness(name: str, tasks: Sequence[AnyTask], *,
                  model_url: str | None = None,
                  model: str | None = None, teacher_solve: float = 1.0,
                  config: dict[str, Any] | None = None, token_ids: bool = True,
-                 render_with: str | Path | None = None) -> Harness:
+                 render_with: str | Path | None = None, judge_url: str | None = None,
+                 judge_model: str | None = None) -> Harness:
     """A bundled harness by name: ``oracle``, ``teacher`` or ``mini-swe-agent``; for web tasks
     ``web-teacher`` or ``browser-agent``; for assistant tasks ``assistant-teacher`` or
-    ``assistant``."""
+    ``assistant``, whose rubric ``judge_url`` (an OpenAI base URL) scores when given."""
     web = [t for t in tasks if isinstance(t, WebTask)]
     if web and name not in WEB_HARNESSES:
         raise ValueError(f"web tasks run with {' or '.join(WEB_HARNESSES)}, not {name!r}")
@@ -52,12 +54,13 @@ def make_harness(name: str, tasks: Sequence[AnyTask], *,
     if helped and name not in ASSISTANT_HARNESSES:
         raise ValueError(f"assistant tasks run with {' or '.join(ASSISTANT_HARNESSES)}, not "
                          f"{name!r}")
+    judge = RubricJudge(judge_url, judge_model or "judge") if judge_url else None
     if name == "assistant-teacher":
-        return AssistantTeacherHarness(helped, solve=teacher_solve)
+        return AssistantTeacherHarness(helped, solve=teacher_solve, judge=judge)
     if name == "assistant":
         if not model_url or not model:
             raise ValueError("the assistant harness needs --model-url and --model")
-        return AssistantHarness(model_url, model, render_with=render_with)
+        return AssistantHarness(model_url, model, render_with=render_with, judge=judge)
     if name == "web-teacher":
         return WebTeacherHarness(web, solve=teacher_solve)
     if name == "browser-agent":

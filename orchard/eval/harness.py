@@ -37,6 +37,9 @@ SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 # The key of HarnessResult.detail under which a harness hands over the grade it made in the
 # rollout's own sandbox (web and assistant tasks: the state to judge lives there).
 SANDBOX_GRADE = "sandbox_grade"
+# And the rubric judge's exchanges and, when it gave no verdict, why (assistant tasks).
+JUDGE_CALLS = "judge_calls"
+JUDGE_FAILURE = "judge_failure"
 # A task of any domain: software engineering, web, assistant.
 AnyTask = Task | WebTask | AssistantTask
 

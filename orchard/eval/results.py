@@ -19,14 +19,16 @@ from orchard.tasks.assistant.grading import AssistantGrade
 from orchard.tasks.grading import Grade
 from orchard.tasks.web.grading import WebGrade
 
-FailureClass = Literal["environment", "model", "task", "harness", "grading"]
+FailureClass = Literal["environment", "model", "task", "harness", "grading", "judge"]
 
 
 class Failure(BaseModel):
     cls: FailureClass
     """environment: no sandbox / agent unreachable (retried with more resources); model: the
     model server failed (never retried); task: the repository or pre_commands failed;
-    harness: the harness raised; grading: the grader's sandbox failed after every retry."""
+    harness: the harness raised; grading: the grader's sandbox failed after every retry;
+    judge: the rubric judge was unreachable, refused, or answered nonsense (the checks' grade
+    stands; the process reward is not given)."""
     type: str
     message: str
 

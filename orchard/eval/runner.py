@@ -29,6 +29,8 @@ from pydantic import BaseModel, Field
 from orchard.env.client import InvalidRequest, OrchardError, SandboxClient
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.eval.harness import (
+    JUDGE_CALLS,
+    JUDGE_FAILURE,
     SANDBOX_GRADE,
     AnyTask,
     Harness,
@@ -229,7 +231,7 @@ class Runner:
             result.n_steps, result.n_tokens = outcome.n_steps, outcome.n_tokens
         if self.config.grade and result.failure is None:
             self._grade(task, result, outcome)
-        self._trace(result)
+        self._trace(result, outcome.detail.get(JUDGE_CALLS, []) if outcome else [])
         result.timings.total = time.monotonic() - t0
         result.ended_at = time.time()
         return result
@@ -242,6 +244,9 @@ class Runner:
                 kind = WebGrade if isinstance(task, WebTask) else AssistantGrade
                 result.grade = kind.model_validate(outcome.detail[SANDBOX_GRADE])
                 result.resolved, result.reward = result.grade.resolved, result.grade.reward
+            if outcome is not None and outcome.detail.get(JUDGE_FAILURE):
+                result.failure = Failure(cls="judge", type="JudgeFailed",
+                                         message=outcome.detail[JUDGE_FAILURE])
             return
         labels = {RUN_LABEL: self.run_id, ROLLOUT_LABEL: result.rollout_id,
                   TASK_LABEL: task.instance_id}
@@ -260,7 +265,7 @@ class Runner:
         if result.grade is not None:
             result.resolved, result.reward = result.grade.resolved, result.grade.reward
 
-    def _trace(self, result: RolloutResult) -> None:
+    def _trace(self, result: RolloutResult, judge_calls: list[dict[str, Any]]) -> None:
         from orchard.rollout.trace import collect_trace
 
         try:
@@ -271,6 +276,7 @@ class Runner:
         except (OrchardError, OSError, ValueError) as e:
             log.warning("no trace for %s: %s", result.rollout_id, e)
             return
+        trace.judge_calls = judge_calls
         result.model_calls = len(trace.model_calls)
         # The proxy saw every call, including ones the harness dropped (a reply that failed
         # its format check never reaches the agent's own count).

@@ -34,6 +34,9 @@ class Trace(BaseModel):
     model_calls: list[dict[str, Any]] = Field(
         default_factory=list, description="As the proxy recorded them (GET /sessions/{id}).")
     sandbox_events: list[SandboxEvent] = Field(default_factory=list)
+    judge_calls: list[dict[str, Any]] = Field(
+        default_factory=list, description="The rubric judge's exchanges that graded the "
+        "rollout (assistant tasks with a rubric), as the judge client recorded them.")
     timeline: list[TraceStep] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="The task, its reward, the harness: the caller's.")

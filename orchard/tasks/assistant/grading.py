@@ -35,6 +35,9 @@ class AssistantGrade(BaseModel):
     reason: str
     checks: list[tuple[str, bool, str]] = Field(default_factory=list)
     answer: str | None = None
+    judge: float | None = Field(None, description="J, the rubric judge's weighted score, when "
+                                "judged; reward is then base + 0.5 J.")
+    judge_scores: list[float] = Field(default_factory=list)
 
 
 def grade_assistant(sandbox: Sandbox, task: AssistantTask, answer: str | None
