@@ -7,7 +7,10 @@ hand-written task's world.
   service requests, over the plain HTTP API and over MCP (the mcp SDK's client session), next
   to a bare exec of ``true`` in the same sandbox (the baseline);
 * eval: ``orchard eval`` of the 200 generated tasks with the scripted assistant teacher
-  (solving everything), 2 at a time: wall time and rollouts per minute.
+  (solving everything), 2 at a time: wall time and rollouts per minute;
+* judge: the hand-written tasks that have a rubric, ``--judged`` rollouts each, one at a time,
+  with and without a scripted judge (the teacher model server answering with scores over real
+  HTTP): the judge's time per rollout, from its recorded calls and from the wall times.
 
     .venv/bin/python bench/assistant.py [--calls 50] [--quick]
 """
@@ -82,8 +85,43 @@ def teacher_eval(client: SandboxClient, quick: bool) -> dict[str, Any]:
             "failures": overall.get("failures", {})}
 
 
+def judge_overhead(client: SandboxClient, n: int) -> dict[str, Any]:
+    import json
+    import re
+
+    from orchard.eval import RunConfig, evaluate, make_harness
+    from orchard.rollout.policies import Reply
+    from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+    from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+
+    def scores(messages: list[dict[str, Any]], tools: Any) -> Reply:
+        count = len(re.findall(r"^\d+\. ", str(messages[-1]["content"]), re.MULTILINE))
+        return Reply(content=json.dumps({"scores": [1.0] * count}))
+
+    tasks = [t for t in load_assistant_tasks("assistant-hand") if t.rubric]
+    walls: dict[str, float] = {}
+    judged: list[float] = []
+    with TeacherServer(FunctionPolicy(scores), load_tokenizer(TEST_TOKENIZER),
+                       model_name="judge") as judge, \
+            tempfile.TemporaryDirectory(prefix="orchard-bench-judge-") as tmp:
+        for name, url in (("plain", None), ("judged", f"{judge.url}/v1")):
+            out = Path(tmp) / name
+            t0 = time.perf_counter()
+            evaluate(tasks, make_harness("assistant-teacher", tasks, judge_url=url), out,
+                     client, config=RunConfig(out=out, n=n, concurrency=1))
+            walls[name] = time.perf_counter() - t0
+            if url:
+                for trace in (out / "traces").glob("*.json"):
+                    calls = json.loads(trace.read_text())["judge_calls"]
+                    judged.append(sum(c["latency_ms"] for c in calls) / 1000)
+    rollouts = len(tasks) * n
+    return {"rollouts": rollouts, "judge_call": summarize_ms(judged),
+            "wall_plain_s": walls["plain"], "wall_judged_s": walls["judged"],
+            "per_rollout_ms": (walls["judged"] - walls["plain"]) / rollouts * 1000}
+
+
 def report(args: Any, r: dict[str, Any]) -> None:
-    t, e = r["round_trip"], r["eval"]
+    t, e, j = r["round_trip"], r["eval"], r["judge"]
     rows = [
         ["tool call over the HTTP API (p50)", f"{t['http']['p50']:.1f} ms",
          f"{t['http']['p50'] / t['exec']['p50']:.1f}x an exec"],
@@ -93,6 +131,11 @@ def report(args: Any, r: dict[str, Any]) -> None:
         [f"eval of {e['tasks']} generated tasks, assistant teacher, 2 at a time",
          f"{e['wall_s']:.1f} s", f"resolved {e['resolved_rate']:.0%}, "
          f"{e['rollouts_per_minute']:.1f} rollouts/min"],
+        ["judge call per rollout, scripted judge (p50 of its recorded calls)",
+         f"{j['judge_call']['p50']:.1f} ms", f"{j['rollouts']} rollouts"],
+        ["eval wall time per rollout, judged - not judged",
+         f"{j['per_rollout_ms']:.0f} ms", f"{j['wall_judged_s']:.1f} s vs "
+         f"{j['wall_plain_s']:.1f} s"],
     ]
     print_table("the assistant domain (one run)", ["what", "measured", "vs"], rows)
 
@@ -100,14 +143,16 @@ def report(args: Any, r: dict[str, Any]) -> None:
 def main() -> int:
     parser = base_parser(__doc__ or "")
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--judged", type=int, default=5)
     args = parser.parse_args()
     if args.quick:
-        args.calls = 5
+        args.calls, args.judged = 5, 1
     server = BenchServer()
     results: dict[str, Any] = {}
     with server, SandboxClient(server.url, timeout=300) as client:
         results["round_trip"] = round_trips(client, server.url, args.calls)
         results["eval"] = teacher_eval(client, args.quick)
+        results["judge"] = judge_overhead(client, args.judged)
     return finish("assistant", args, results, server, report)
 
 
