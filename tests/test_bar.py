@@ -370,3 +370,14 @@ def test_advantages_known_values() -> None:
     with pytest.raises(ValueError, match="empty group"):
         grpo_advantages([])
 
+
+
+def test_rubric_rewards_balance_on_success_not_on_the_sign_of_the_reward() -> None:
+    # R = base + 0.5 J: an unsolved rollout the judge liked has a positive reward.
+    solved = [Rollout(reward=1.0 + 0.5 * j, success=True) for j in (1.0, 0.5)]
+    liked = [Rollout(reward=0.5 * j, success=False) for j in (0.8, 0.6, 0.4)]
+    group = assemble(liked + solved, 4, 0.25, 0.75)
+    assert group is not None and sum(r.success for r in group) == 2  # balanced on success
+    assert filter_group(liked) == "no_positive"  # every reward > 0, yet nothing solved
+    assert filter_group(liked[:1] + solved[:1]) is None
+    assert Rollout(reward=0.3).positive and not Rollout(reward=0.3, success=False).positive

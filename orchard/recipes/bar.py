@@ -39,6 +39,13 @@ class Rollout:
     status: str = "completed"
     payload: Any = None
     """Whatever the trainer needs back (samples, trajectory); BAR never looks at it."""
+    success: bool | None = None
+    """Whether the task was solved, where that is not ``reward > 0``: a rubric reward
+    (base + 0.5 J) is positive for an unsolved rollout the judge liked. None: reward > 0."""
+
+    @property
+    def positive(self) -> bool:
+        return self.success if self.success is not None else (self.reward or 0.0) > 0
 
     def __post_init__(self) -> None:
         if self.status not in _RANK:
@@ -118,7 +125,7 @@ def _by_status(rollouts: Iterable[Rollout]) -> list[Rollout]:
 
 def assemble(pool: Sequence[Rollout], n: int, rho_min: float, rho_max: float,
              ) -> list[Rollout] | None:
-    """A group of ``n`` usable rollouts from ``pool`` with n+ positives (reward > 0), n+ in
+    """A group of ``n`` usable rollouts from ``pool`` with n+ positives (solved ones), n+ in
     [ceil(rho_min n), floor(rho_max n)], or None when the pool has no such group.
 
     The n+ nearest the middle of the range that the pool can fill wins; within positives and
@@ -127,8 +134,8 @@ def assemble(pool: Sequence[Rollout], n: int, rho_min: float, rho_max: float,
     if n < 1:
         raise ValueError(f"group size must be >= 1, got {n}")
     usable = [r for r in pool if r.usable]
-    positives = _by_status(r for r in usable if r.reward > 0)
-    negatives = _by_status(r for r in usable if r.reward <= 0)
+    positives = _by_status(r for r in usable if r.positive)
+    negatives = _by_status(r for r in usable if not r.positive)
     for n_pos in _split_candidates(n, rho_min, rho_max):
         if len(positives) >= n_pos and len(negatives) >= n - n_pos:
             return positives[:n_pos] + negatives[:n - n_pos]
@@ -172,7 +179,8 @@ def filter_group(group: Sequence[Rollout]) -> str | None:
 
     Reasons, checked in this order: "aborted" (a sample was aborted), "missing_reward" (a
     sample has no reward, so no advantage can be computed: only best-effort groups have one),
-    "zero_spread" (all rewards equal: every advantage is zero), "no_positive" (no reward > 0)."""
+    "zero_spread" (all rewards equal: every advantage is zero), "no_positive" (nothing
+    solved)."""
     if not group:
         raise ValueError("cannot filter an empty group")
     if any(r.status == "aborted" for r in group):
@@ -182,7 +190,7 @@ def filter_group(group: Sequence[Rollout]) -> str | None:
         return "missing_reward"
     if max(rewards) == min(rewards):
         return "zero_spread"
-    if max(rewards) <= 0:
+    if not any(r.positive for r in group):
         return "no_positive"
     return None
 

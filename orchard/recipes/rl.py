@@ -97,8 +97,11 @@ class PolicySampler:
                  config=RunConfig(out=out, n=k, concurrency=self.concurrency,
                                   max_attempts=2),
                  on_result=results.append)
+        # The reward is the grade's: with a rubric judge, base + 0.5 J; BAR balances the
+        # groups on whether the task was solved.
         return [Rollout(reward=r.reward if r.grade is not None else None,
-                        status=rollout_status(r), payload=(r, self._samples(out, r)))
+                        status=rollout_status(r), payload=(r, self._samples(out, r)),
+                        success=r.resolved if r.grade is not None else None)
                 for r in sorted(results, key=lambda r: r.sample)]
 
     @staticmethod
