@@ -30,8 +30,9 @@ def demo(
     rl_steps: Annotated[int, typer.Option(min=0, help="BAR RL steps after SFT.")] = 2,
     eval_n: Annotated[int, typer.Option(min=1, help="Samples per held-out task.")] = 4,
     domain: Annotated[str, typer.Option(
-        help="swe (the generated settings family, mini-swe-agent) or web (the bundled web "
-             "tasks, the browser agent).")] = "swe",
+        help="swe (the generated settings family, mini-swe-agent), web (the bundled web "
+             "tasks, the browser agent) or assistant (the assistant tasks, the tool-calling "
+             "assistant).")] = "swe",
     orchestrator: OrchestratorOption = None,
 ) -> None:
     """The training pipeline end to end: teacher trajectories -> credit-assignment SFT -> BAR
@@ -40,13 +41,15 @@ def demo(
 
     from rich.table import Table
 
-    from orchard.recipes.demo import DemoConfig, for_web, pretrained, run_demo
+    from orchard.recipes.demo import DemoConfig, for_assistant, for_web, pretrained, run_demo
 
-    if domain not in ("swe", "web"):
-        raise typer.BadParameter(f"--domain is swe or web, not {domain!r}")
+    if domain not in ("swe", "web", "assistant"):
+        raise typer.BadParameter(f"--domain is swe, web or assistant, not {domain!r}")
     config = DemoConfig(seed=seed, eval_n=eval_n)
     if domain == "web":
         config = for_web(config)
+    elif domain == "assistant":
+        config = for_assistant(config)
     config.rl = replace(config.rl, steps=rl_steps, seed=seed)
     config.sft = replace(config.sft, seed=seed)
     if model == "smollm2":

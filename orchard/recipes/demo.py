@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -35,17 +34,12 @@ import torch
 
 from orchard.env.client import SandboxClient
 from orchard.eval.evaluate import evaluate
-from orchard.eval.harness import Harness, MiniSweAgentHarness, TeacherHarness
+from orchard.eval.harness import Harness
 from orchard.eval.runner import RunConfig
-from orchard.eval.web_harness import BrowserAgentHarness, WebTeacherHarness
 from orchard.recipes.bar import BARConfig
+from orchard.recipes.domains import demo_domain
 from orchard.recipes.models import load_policy, tiny_llama
-from orchard.recipes.montecarlo import (
-    AgentContinuation,
-    BrowserContinuation,
-    Continuation,
-    MonteCarloAnnotator,
-)
+from orchard.recipes.montecarlo import MonteCarloAnnotator
 from orchard.recipes.rerank import ValueModel, ValueModelConfig, rerank_run, training_examples
 from orchard.recipes.rl import RLConfig, train_rl
 from orchard.recipes.serving import PolicyServer
@@ -53,20 +47,16 @@ from orchard.recipes.sft import SFTConfig, build_sft_dataset, save_examples, sft
 from orchard.recipes.trajectories import load_trajectories
 from orchard.rollout.minisweagent import config_from_specs
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-from orchard.tasks.family import settings_family
-from orchard.tasks.model import Task
-from orchard.tasks.web import load_web_tasks
-from orchard.tasks.web.model import WebTask
-from orchard.tasks.web.teacher import hedged_web_teacher
 
 COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 
 
 @dataclass
 class DemoConfig:
-    domain: Literal["swe", "web"] = "swe"
+    domain: Literal["swe", "web", "assistant"] = "swe"
     """swe: the generated settings family with mini-swe-agent; web: the bundled web tasks with
-    the browser agent (its Monte-Carlo continuations replay each state: see montecarlo.py)."""
+    the browser agent; assistant: the assistant tasks with the tool-calling assistant (see
+    domains.py). Web and assistant Monte-Carlo continuations replay each state."""
     n_train: int = 128
     n_test: int = 16
     seed: int = 0
@@ -113,6 +103,12 @@ def pretrained(config: DemoConfig) -> DemoConfig:
                    rl=replace(config.rl, lr=1e-6))
 
 
+def for_assistant(config: DemoConfig) -> DemoConfig:
+    """``config`` on the assistant tasks. As on the web, a continuation must make every
+    remaining gold call, so it continues at 0.85 (see ``for_web``)."""
+    return replace(config, domain="assistant", mc_solve=0.85)
+
+
 def for_web(config: DemoConfig) -> DemoConfig:
     """``config`` on the web family. Its SFT examples are ~10x the settings family's tokens
     (a page tree each turn), so 400 steps would take an hour on 2 cores: it takes 120. A web
@@ -121,27 +117,6 @@ def for_web(config: DemoConfig) -> DemoConfig:
     it continues at 0.85."""
     return replace(config, domain="web", mc_solve=0.85,
                    sft=replace(config.sft, max_steps=120))
-
-
-def hedged_teacher(tasks: list[Task], solve: float, seed: int) -> Callable[..., Any]:
-    """A weak but not hopeless continuation policy, so that value estimates move when a step
-    helps or hurts: at each call it takes the task's next solving step with probability
-    ``solve``, and otherwise submits the workspace as it is."""
-    from orchard.rollout.teacher import Reply, ToolCall
-
-    by_statement = {t.problem_statement: t for t in tasks}
-    rng = random.Random(seed)
-
-    def policy(messages: list[dict[str, Any]], tools: Any) -> Reply:
-        first = next(str(m.get("content")) for m in messages if m["role"] == "user")
-        task = next(t for s, t in by_statement.items() if s in first)
-        script = task.metadata["teacher"]["solve"]
-        turn = sum(1 for m in messages if m["role"] == "assistant")
-        thought, command = (script[min(turn, len(script) - 1)] if rng.random() < solve
-                            else script[-1])
-        return Reply(content=thought, tool_calls=[ToolCall("bash", {"command": command})])
-
-    return policy
 
 
 def _stage_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
@@ -157,14 +132,11 @@ class Demo:
     def __init__(self, out: Path, config: DemoConfig, client: SandboxClient,
                  log: Callable[[str], None] = print) -> None:
         self.out, self.config, self.client, self.log = out, config, client, log
-        self.tasks: list[Task] | list[WebTask]
-        if config.domain == "web":
-            self.tasks = load_web_tasks()
-        else:
-            self.tasks = settings_family(config.n_train, config.n_test, config.seed)
+        self.agent_config = config_from_specs([COMPACT_CONFIG])
+        self.domain = demo_domain(config.domain, self.agent_config)
+        self.tasks = self.domain.tasks(config.n_train, config.n_test, config.seed)
         self.train = [t for t in self.tasks if t.split == "train"][:config.n_train]
         self.test = [t for t in self.tasks if t.split == "test"][:config.n_test]
-        self.agent_config = config_from_specs([COMPACT_CONFIG])
         self.results: dict[str, Any] = {"config": _jsonable(asdict(config)), "stages": {},
                                         "seconds": {}}
 
@@ -178,52 +150,32 @@ class Demo:
 
     def _policy_harness(self, server: PolicyServer) -> Harness:
         """The harness the policy runs in, calling ``server`` through the recording proxy."""
-        if self.config.domain == "web":
-            return BrowserAgentHarness(server.url or "", server.engine.model_name,
-                                       render_with=self.tokenizer_dir)
-        return MiniSweAgentHarness(server.url or "", server.engine.model_name,
-                                   config=self.agent_config, render_with=self.tokenizer_dir)
+        return self.domain.policy(server.url or "", server.engine.model_name,
+                                  self.tokenizer_dir)
 
     def teacher(self) -> Path:
         run = self.out / "teacher"
-        harness: Harness = (
-            WebTeacherHarness(self.web_train, solve=self.config.teacher_solve)
-            if self.config.domain == "web"
-            else TeacherHarness(self.swe_train, solve=self.config.teacher_solve,
-                                config=self.agent_config))
+        harness = self.domain.teacher(self.train, self.config.teacher_solve)
         summary = evaluate(self.train, harness, run, self.client,
                            config=RunConfig(out=run, concurrency=self.config.concurrency))
         self.results["teacher"] = _stage_summary(summary, 0.0)
         return run
-
-    @property
-    def swe_train(self) -> list[Task]:
-        return [t for t in self.train if isinstance(t, Task)]
-
-    @property
-    def web_train(self) -> list[WebTask]:
-        return [t for t in self.train if isinstance(t, WebTask)]
 
     def values(self, run: Path) -> dict[str, list[tuple[int, int]]]:
         from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 
         trajectories = [t for t in load_trajectories(run) if not t.resolved]
         trajectories = trajectories[:self.config.mc_max]
-        web = self.config.domain == "web"
-        policy = (hedged_web_teacher(self.web_train, self.config.mc_solve, self.config.seed)
-                  if web else
-                  hedged_teacher(self.swe_train, self.config.mc_solve, self.config.seed))
+        policy = self.domain.continuation_policy(self.train, self.config.mc_solve,
+                                                 self.config.seed)
         segments: dict[str, list[tuple[int, int]]] = {}
         with TeacherServer(FunctionPolicy(policy), load_tokenizer(TEST_TOKENIZER),
                            model_name="teacher") as server, \
                 (self.out / "values.jsonl").open("w", encoding="utf-8") as f:
-            continuation: Continuation = (
-                BrowserContinuation(f"{server.url}/v1", "teacher") if web else
-                AgentContinuation(self.client, f"{server.url}/v1", "teacher",
-                                  config=self.agent_config))
-            annotator = MonteCarloAnnotator(self.client, self.train, continuation,
-                                            k=self.config.mc_k,
-                                            restore="replay" if web else self.config.mc_restore)
+            continuation = self.domain.continuation(self.client, f"{server.url}/v1", "teacher")
+            annotator = MonteCarloAnnotator(
+                self.client, self.train, continuation, k=self.config.mc_k,
+                restore="replay" if self.domain.replays else self.config.mc_restore)
             for traj in trajectories:
                 curve = annotator.annotate(traj)
                 segments[traj.rollout_id] = curve.rise_segments(self.config.eps)
@@ -264,8 +216,7 @@ class Demo:
         oracle pick."""
         runs = [self.out / "teacher", *sorted((self.out / "rl").glob("step-*/round-*"))]
         value = ValueModel.tiny(tokenizer, self.config.value)
-        # A web rollout leaves no patch: its actions are what tells a good one.
-        text_of = "trajectory" if self.config.domain == "web" else "patch"
+        text_of = self.domain.text_of
         fit = value.train(training_examples(runs, self.train, text_of=text_of))
         report = rerank_run(self.out / "eval-sft_rl", self.test, value, text_of=text_of)
         overall = report["overall"]

@@ -22,6 +22,8 @@ from orchard.recipes.credit import ValueCurve, interpolate, key_steps
 from orchard.recipes.trajectories import Trajectory
 from orchard.rollout.branch import branch, delete_all, restore
 from orchard.rollout.trace import Trace
+from orchard.tasks.assistant.grading import grade_assistant
+from orchard.tasks.assistant.model import SERVICES_PORT, AssistantTask
 from orchard.tasks.grading import grade
 from orchard.tasks.model import Task
 from orchard.tasks.web import WebTask, grade_web
@@ -90,13 +92,32 @@ class BrowserContinuation:
         return grade_web(sandbox, task, result.answer).outcome
 
 
+class AssistantContinuation:
+    """The assistant loop continuing the recorded conversation with the model at
+    ``model_url``, graded in its own sandbox (where the world is) by the task's checks."""
+
+    def __init__(self, model_url: str, model: str) -> None:
+        self.model_url, self.model = model_url, model
+
+    def __call__(self, task: AssistantTask, sandbox: Sandbox, history: list[dict[str, Any]],
+                 sample: int, labels: dict[str, str]) -> str:
+        from orchard.rollout.assistant_agent import run_assistant
+
+        done = sum(1 for m in history if m.get("role") == "assistant")
+        result = run_assistant(sandbox, task.goal, self.model_url, self.model,
+                               port=SERVICES_PORT, tools=task.tools,
+                               max_steps=max(1, task.budget.steps - done),
+                               history=[_clean(m) for m in history])
+        return grade_assistant(sandbox, task, result.answer).outcome
+
+
 class MonteCarloAnnotator:
     """V(s_t) measured by ``k`` continuations from each key state (see the module doc)."""
 
     source = "monte_carlo"
 
     def __init__(self, client: SandboxClient,
-                 tasks: Mapping[str, Task | WebTask] | Sequence[Task | WebTask],
+                 tasks: Mapping[str, Any] | Sequence[Task | WebTask | AssistantTask],
                  continuation: Continuation, *, k: int = 4, max_points: int = 8,
                  restore: Literal["fork", "replay"] = "fork") -> None:
         if k < 1:
@@ -114,9 +135,10 @@ class MonteCarloAnnotator:
         task = self.tasks.get(traj.instance_id)
         if task is None:
             raise ValueError(f"no task {traj.instance_id!r} among the annotator's tasks")
-        if isinstance(task, WebTask) and self.restore == "fork":
-            raise ValueError(f"{task.instance_id} is a web task: a fork keeps its files but not "
-                             "the browser's page, so annotate it with restore='replay'")
+        if isinstance(task, WebTask | AssistantTask) and self.restore == "fork":
+            raise ValueError(f"{task.instance_id} is served by processes (sites, a browser, "
+                             "services): a fork keeps the files but not them, so annotate it "
+                             "with restore='replay'")
         history = traj.messages[:traj.steps[step]]
         labels = {MC_LABEL: traj.rollout_id}
         forks = (branch(trace, self.client, step, self.k, labels=labels)

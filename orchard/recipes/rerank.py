@@ -34,12 +34,12 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from orchard.eval.harness import AnyTask
 from orchard.eval.results import RolloutResult, read_results
 from orchard.recipes.loss import pad_right
 from orchard.recipes.trajectories import Trajectory, from_result
 from orchard.rollout.tokenizer import load_tokenizer
 from orchard.tasks.model import Task
-from orchard.tasks.web.model import WebTask
 
 TextOf = Literal["patch", "trajectory", "both"]
 PATCH_HEADER = "\n\n## Final patch\n"
@@ -62,7 +62,7 @@ def action_summary(trajectory: Trajectory, *, chars: int = ACTION_CHARS) -> str:
     return "\n".join(lines)
 
 
-def candidate_text(task: Task | WebTask, result: RolloutResult,
+def candidate_text(task: AnyTask, result: RolloutResult,
                    run_dir: str | Path | None = None, *, text_of: TextOf = "patch") -> str:
     """The text the value model scores: problem statement, then (``trajectory``/``both``) the
     actions when the rollout has a readable trace in ``run_dir``, then (``patch``/``both``)
@@ -72,7 +72,7 @@ def candidate_text(task: Task | WebTask, result: RolloutResult,
     if result.instance_id != task.instance_id:
         raise ValueError(f"rollout {result.rollout_id} is of task {result.instance_id}, "
                          f"not {task.instance_id}")
-    statement = task.goal if isinstance(task, WebTask) else task.problem_statement
+    statement = task.problem_statement if isinstance(task, Task) else task.goal
     text = f"## Problem\n{statement.strip()}"
     if text_of != "patch" and result.trace is not None and run_dir is not None:
         try:
@@ -86,11 +86,11 @@ def candidate_text(task: Task | WebTask, result: RolloutResult,
     return text
 
 
-def _task_map(tasks: Iterable[Task | WebTask]) -> dict[str, Task | WebTask]:
+def _task_map(tasks: Iterable[AnyTask]) -> dict[str, AnyTask]:
     return {t.instance_id: t for t in tasks}
 
 
-def _graded(results: Iterable[RolloutResult], by_id: Mapping[str, Task | WebTask],
+def _graded(results: Iterable[RolloutResult], by_id: Mapping[str, AnyTask],
             run_dir: Path) -> list[RolloutResult]:
     """Rollouts whose outcome is known: a grading failure says nothing about the patch."""
     kept = [r for r in results if not (r.failure and r.failure.cls == "grading")]
@@ -102,7 +102,7 @@ def _graded(results: Iterable[RolloutResult], by_id: Mapping[str, Task | WebTask
     return kept
 
 
-def training_examples(run_dirs: Iterable[str | Path], tasks: Iterable[Task | WebTask],
+def training_examples(run_dirs: Iterable[str | Path], tasks: Iterable[AnyTask],
                       text_of: TextOf = "patch") -> list[tuple[str, bool]]:
     """(text, resolved) for every graded rollout of the runs in ``run_dirs``."""
     by_id = _task_map(tasks)
@@ -315,7 +315,7 @@ def best_of_n(candidates_by_task: Mapping[str, Sequence[RolloutResult]],
     return {"overall": overall, "tasks": tasks}
 
 
-def rerank_run(run_dir: str | Path, tasks: Iterable[Task | WebTask], model: ValueModel, *,
+def rerank_run(run_dir: str | Path, tasks: Iterable[AnyTask], model: ValueModel, *,
                text_of: TextOf = "patch") -> dict[str, Any]:
     """Best-of-N over a run with several samples per task (its graded rollouts)."""
     run_dir = Path(run_dir)

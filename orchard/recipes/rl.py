@@ -30,7 +30,7 @@ import torch
 
 from orchard.env.client import SandboxClient
 from orchard.eval.evaluate import evaluate
-from orchard.eval.harness import Harness, MiniSweAgentHarness
+from orchard.eval.harness import AnyTask, Harness, MiniSweAgentHarness
 from orchard.eval.results import RolloutResult
 from orchard.eval.runner import RunConfig
 from orchard.recipes.bar import (
@@ -45,8 +45,6 @@ from orchard.recipes.bar import (
 from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.serving import PolicyServer
 from orchard.rollout.samples import Sample, build_samples
-from orchard.tasks.model import Task
-from orchard.tasks.web.model import WebTask
 
 # How a harness's exit maps to BAR's statuses; a rollout that failed (environment, model,
 # harness) is aborted.
@@ -89,7 +87,7 @@ class PolicySampler:
         self.client, self.harness, self.out, self.concurrency = client, harness, out, concurrency
         self.rounds = 0
 
-    def __call__(self, task: Task | WebTask, k: int) -> list[Rollout]:
+    def __call__(self, task: AnyTask, k: int) -> list[Rollout]:
         self.rounds += 1
         out = self.out / f"round-{self.rounds:04d}"
         results: list[RolloutResult] = []
@@ -167,7 +165,7 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return sums
 
 
-def train_rl(model: torch.nn.Module, tasks: Sequence[Task] | Sequence[WebTask],
+def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
              client: SandboxClient, server: PolicyServer, out: Path, config: RLConfig, *,
              render_with: str | Path, agent_config: Mapping[str, Any] | None = None,
              harness: Harness | None = None,
@@ -191,7 +189,7 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task] | Sequence[WebTask],
                                 concurrency=config.concurrency)
         built: list[GroupResult] = []
 
-        def make_group(task: Task | WebTask, sampler: PolicySampler = sampler,
+        def make_group(task: AnyTask, sampler: PolicySampler = sampler,
                        built: list[GroupResult] = built) -> list[Rollout]:
             result = bar_group(lambda k: sampler(task, k), config.bar)
             built.append(result)
