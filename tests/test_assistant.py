@@ -231,3 +231,71 @@ def test_a_judge_that_fails_is_a_judge_failure_not_a_zero(client: SandboxClient,
     (row,) = read_results(out)
     assert row.failure is not None and row.failure.cls == "judge"
     assert "unreachable" in row.failure.message
+
+
+# An external assistant CLI, standard library only, as a user would bring one: it reads the
+# environment the adapter sets, calls the model at OPENAI_BASE_URL and the tools over HTTP.
+CLI = r"""
+import json, os, urllib.request as u
+
+def post(url, body):
+    req = u.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        return json.load(u.urlopen(req, timeout=120))
+    except u.HTTPError as e:
+        return json.load(e)
+
+tools_url = os.environ["ORCHARD_TOOLS_URL"]
+tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+          "parameters": t["inputSchema"]}} for t in json.load(u.urlopen(tools_url + "/tools"))]
+tools.append({"type": "function", "function": {"name": "finish", "parameters": {
+    "type": "object", "properties": {"answer": {"type": "string"}}}}})
+messages = [{"role": "user", "content": os.environ["ORCHARD_GOAL"]}]
+for _ in range(20):
+    reply = post(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+                 {"model": "teacher", "messages": messages, "tools": tools})
+    message = reply["choices"][0]["message"]
+    messages.append(message)
+    call = message["tool_calls"][0]
+    args = json.loads(call["function"]["arguments"])
+    if call["function"]["name"] == "finish":
+        if args.get("answer"):
+            open(os.environ["ORCHARD_ANSWER_FILE"], "w").write(args["answer"])
+        break
+    result = post(tools_url + "/tools/" + call["function"]["name"], args)
+    messages.append({"role": "tool", "tool_call_id": call["id"], "content": json.dumps(result)})
+"""
+
+
+@needs_root
+def test_an_external_assistant_cli_runs_inside_the_sandbox(data_dir: Path, orchestrator: str,
+                                                           tmp_path: Path) -> None:
+    from orchard.eval.assistant_harness import AssistantCliHarness
+    from orchard.rollout.proxy import ProxySettings, create_proxy_app
+    from orchard.serving import ThreadedServer
+    from orchard.tasks.assistant.teacher import assistant_teacher
+    from tests.conftest import dedicated_orchestrator
+
+    chosen = [TASKS["hand-invoice-question"], TASKS["hand-prep-block"]]
+    store = tmp_path / "store"
+    with TeacherServer(FunctionPolicy(assistant_teacher(chosen)),
+                       load_tokenizer(TEST_TOKENIZER)) as teacher:
+        proxy = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[teacher.url],
+                                                              store=store)), "proxy")
+        proxy.start()
+        try:
+            with dedicated_orchestrator(data_dir, model_proxy=proxy.url) as url, \
+                    SandboxClient(url) as own:
+                out = tmp_path / "run"
+                harness = AssistantCliHarness("python3 /workspace/cli.py",
+                                              files={"/workspace/cli.py": CLI.encode()})
+                summary = evaluate(chosen, harness, out, own, config=RunConfig(out=out),
+                                   proxy_url=proxy.url)
+        finally:
+            proxy.stop()
+    assert summary["overall"]["resolved_rate"] == 1.0, summary
+    rows = {r.instance_id: r for r in read_results(out)}
+    assert rows["hand-invoice-question"].grade.answer == "$18,250, due 2026-03-10."
+    trace = json.loads((out / rows["hand-prep-block"].trace).read_text())
+    # The model calls went through the orchestrator's proxy under the rollout's session.
+    assert len(trace["model_calls"]) == len(TASKS["hand-prep-block"].gold) + 1

@@ -89,3 +89,54 @@ class AssistantTeacherHarness(ScriptedTeacher, AssistantHarness):
 
     def policy(self, messages: list[dict[str, Any]], tools: Any) -> Any:
         return self._policy(messages, tools)
+
+
+ANSWER_FILE = "/workspace/.orchard-answer"
+
+
+class AssistantCliHarness:
+    """An external assistant CLI run inside the rollout's sandbox, as any CLI harness runs
+    (docs/guides/harnesses.md): the sandbox is a model-proxy one, so the CLI reaches the model
+    only through the orchestrator's recording proxy (``OPENAI_BASE_URL`` is set) and, its
+    network blocked, nothing else but the tools on its own loopback. The CLI gets:
+
+    - ``ORCHARD_GOAL``: the user's request;
+    - ``ORCHARD_TOOLS_URL``: the tools' HTTP API (``GET /tools``, ``POST /tools/{name}``);
+    - ``ORCHARD_MCP_URL``: the same tools over MCP;
+    - ``ORCHARD_ANSWER_FILE``: where to write its final answer, if the request asks one.
+
+    ``files`` are uploaded first (the CLI itself, its config); ``command`` runs in /workspace
+    within the task's wall time. The orchestrator must have a model proxy (``orchard serve
+    --model-proxy``); the runner collects the model calls from it (``evaluate(proxy_url=)``).
+    """
+
+    name = "assistant-cli"
+    model_upstream: str | None = None  # the orchestrator's proxy carries the model calls
+
+    def __init__(self, command: str, *, files: dict[str, bytes] | None = None) -> None:
+        self.command, self.files = command, dict(files or {})
+
+    def run(self, ctx: RolloutContext) -> HarnessResult:
+        task = ctx.task
+        if not isinstance(task, AssistantTask):
+            raise HarnessError(f"{self.name} runs assistant tasks; {task.instance_id} is not "
+                               "one")
+        with ctx.web_sandbox(model_proxy=True) as sandbox:
+            with ctx.timed():
+                start_services(sandbox, task)
+                for path, content in self.files.items():
+                    sandbox.upload_content(content, path)
+            base = f"http://127.0.0.1:{SERVICES_PORT}"
+            done = sandbox.exec(self.command, cwd="/workspace", timeout=task.budget.wall_time,
+                                env={"ORCHARD_GOAL": task.goal, "ORCHARD_TOOLS_URL": base,
+                                     "ORCHARD_MCP_URL": f"{base}/mcp",
+                                     "ORCHARD_ANSWER_FILE": ANSWER_FILE})
+            if done.timed_out:
+                raise HarnessError(f"the assistant CLI ran past the task's wall time "
+                                   f"({task.budget.wall_time:g}s)")
+            answer = sandbox.exec(["cat", ANSWER_FILE]).stdout.strip() or None
+            with ctx.timed():
+                grade = grade_assistant(sandbox, task, answer)
+        status = "Submitted" if done.exit_code == 0 else f"exited {done.exit_code}"
+        return HarnessResult(exit_status=status, detail={
+            "answer": answer, "stderr": done.stderr[-2000:], SANDBOX_GRADE: grade.model_dump()})

@@ -143,14 +143,15 @@ class RolloutContext:
                 sandbox.delete()
 
     @contextlib.contextmanager
-    def web_sandbox(self) -> Iterator[Sandbox]:
+    def web_sandbox(self, *, model_proxy: bool = False) -> Iterator[Sandbox]:
         """A sandbox for a web or assistant task (its sites or services are the harness's to
-        start); deleted after."""
+        start); deleted after. ``model_proxy``: a harness inside it reaches the orchestrator's
+        recording proxy (and, its network blocked, nothing else)."""
         with self.timed():
             sandbox = self.client.create_sandbox(
                 self.task.image, labels=self.labels, session=self.rollout_id,
                 ttl=self.sandbox_timeout, cpu=self.cpu, memory=self.memory,
-                block_network=not getattr(self.task, "live", False))
+                block_network=not getattr(self.task, "live", False), model_proxy=model_proxy)
         try:
             with self.timed():
                 self.heartbeats.add(sandbox)
