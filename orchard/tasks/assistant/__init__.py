@@ -8,11 +8,7 @@ world the assistant leaves.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import yaml
-from pydantic import ValidationError
 
 from orchard.tasks.assistant.checks import CHECKS
 from orchard.tasks.assistant.environment import (
@@ -31,6 +27,7 @@ from orchard.tasks.assistant.grading import (
     validate_assistant,
 )
 from orchard.tasks.assistant.model import SERVICES_PORT, AssistantTask, Check, Criterion, GoldCall
+from orchard.tasks.served import read_task_file
 
 HAND_WRITTEN = Path(__file__).resolve().parent / "data" / "tasks.yaml"
 ASSISTANT_SETS = ("assistant", "assistant-hand", "assistant-generated")
@@ -60,21 +57,7 @@ def load_assistant_tasks(source: str | Path | None = None, *,
 def _load_file(path: Path) -> list[AssistantTask]:
     from orchard.tasks.loaders import TaskLoadError
 
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise TaskLoadError(f"cannot read assistant tasks from {path}: {e}") from None
-    if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    else:
-        rows = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    tasks = []
-    for i, row in enumerate(rows):
-        try:
-            tasks.append(AssistantTask.model_validate(row))
-        except ValidationError as e:
-            raise TaskLoadError(f"{path}: assistant task {i} ({row.get('instance_id', '?')}): "
-                                f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+    tasks = read_task_file(path, AssistantTask, "assistant task")
     unknown = sorted({c.name for t in tasks for c in t.checks} - CHECKS.keys())
     if unknown:
         raise TaskLoadError(f"{path}: unknown checks {unknown}; one of {sorted(CHECKS)}")

@@ -9,29 +9,17 @@ reaches them through the sandbox's service requests (``sb.http``), so every tool
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Any
 
 from orchard.env.client import OrchardError, Sandbox
 from orchard.rollout.assistant_agent import call_tool as call_tool_on
 from orchard.tasks.assistant.model import SERVICES_PORT, AssistantTask
+from orchard.tasks.served import wait_serving
 
 SERVICES_DIR = Path(__file__).resolve().parent / "services"
 IN_SANDBOX = "/workspace/.orchard-assistant"
 STATE = f"{IN_SANDBOX}/world.json"
-_WAIT = """
-import sys, time, urllib.request
-deadline = time.monotonic() + float(sys.argv[1])
-while True:
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[2]}/tools", timeout=2)
-        break
-    except OSError as e:
-        if time.monotonic() > deadline:
-            sys.exit(f"port {sys.argv[2]}: {e}")
-        time.sleep(0.05)
-"""
 
 
 class ServicesError(RuntimeError):
@@ -45,13 +33,11 @@ def start_services(sandbox: Sandbox, task: AssistantTask, timeout: float = 30.0)
     sandbox.upload_content(json.dumps(task.seed(), indent=1).encode(), STATE)
     sandbox.start_process(f"python3 {IN_SANDBOX}/server.py --port {SERVICES_PORT} "
                           f"--state {STATE}")
-    # One exec that waits inside: the event log, and so a replay, sees it succeed once.
-    waited = sandbox.exec(f"python3 -c {shlex.quote(_WAIT)} {timeout} {SERVICES_PORT}",
-                          timeout=timeout + 10)
-    if not waited.ok:
+    why = wait_serving(sandbox, [f"http://127.0.0.1:{SERVICES_PORT}/tools"], timeout)
+    if why:
         raise ServicesError(f"the services of {task.instance_id} did not answer on port "
-                            f"{SERVICES_PORT} within {timeout:g}s ({waited.stderr[-300:]}); "
-                            f"see the processes of sandbox {sandbox.id}")
+                            f"{SERVICES_PORT} within {timeout:g}s ({why}); see the processes "
+                            f"of sandbox {sandbox.id}")
 
 
 def world_state(sandbox: Sandbox) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from orchard.env.client import OrchardError, Sandbox, SandboxClient
+from orchard.env.client import Sandbox, SandboxClient
 from orchard.tasks.assistant.checks import CHECKS
 from orchard.tasks.assistant.environment import (
     ServicesError,
@@ -22,6 +22,7 @@ from orchard.tasks.assistant.environment import (
     world_state,
 )
 from orchard.tasks.assistant.model import AssistantTask
+from orchard.tasks.served import GoldFailed, validate_served
 
 Outcome = Literal["resolved", "unresolved", "task_error"]
 
@@ -69,10 +70,6 @@ def grade_assistant(sandbox: Sandbox, task: AssistantTask, answer: str | None
     return graded("resolved", f"all {len(results)} checks hold", results)
 
 
-class GoldFailed(RuntimeError):
-    """A gold call was refused: the task's script does not fit its world."""
-
-
 def run_gold(sandbox: Sandbox, task: AssistantTask) -> str | None:
     """Make the gold tool calls; returns the gold answer."""
     for call in task.gold:
@@ -94,27 +91,12 @@ class AssistantTaskCheck(BaseModel):
 def validate_assistant(client: SandboxClient, task: AssistantTask, *,
                        labels: dict[str, str] | None = None) -> AssistantTaskCheck:
     """The gold run resolves the task and doing nothing does not, each in a fresh sandbox."""
-    start = time.monotonic()
-    problems: list[str] = []
-    grades: dict[str, AssistantGrade] = {}
-    for run in ("empty", "gold"):
-        try:
-            with client.create_sandbox(task.image, labels=labels or {}) as sb:
-                start_services(sb, task)
-                grades[run] = grade_assistant(sb, task, run_gold(sb, task) if run == "gold"
-                                              else None)
-        except GoldFailed as e:
-            problems.append(f"its gold solution cannot be played: {e}")
-        except (OrchardError, ServicesError) as e:
-            problems.append(f"the environment failed ({type(e).__name__}: {e}); this says "
-                            "nothing about the task, validate again")
-    gold, empty = grades.get("gold"), grades.get("empty")
-    if gold is not None and not gold.resolved:
-        problems.append(f"the gold solution does not resolve it: {gold.reason}")
-    if empty is not None and empty.resolved:
-        problems.append(f"doing nothing resolves it: {empty.reason}")
-    for grade in (gold, empty):
-        if grade is not None and grade.outcome == "task_error":
-            problems.append(f"its checks are broken: {grade.reason}")
+    started = time.monotonic()
+    grades, problems = validate_served(
+        client, task, start=lambda sb: start_services(sb, task),
+        gold=lambda sb: run_gold(sb, task),
+        grade=lambda sb, answer: grade_assistant(sb, task, answer),
+        environment_errors=(ServicesError,), labels=labels)
     return AssistantTaskCheck(instance_id=task.instance_id, ok=not problems, problems=problems,
-                              gold=gold, empty=empty, seconds=time.monotonic() - start)
+                              gold=grades.get("gold"), empty=grades.get("empty"),
+                              seconds=time.monotonic() - started)

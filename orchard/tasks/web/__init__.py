@@ -6,12 +6,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
-
+from orchard.tasks.served import read_task_file
 from orchard.tasks.web.checkers import CHECKERS
 from orchard.tasks.web.environment import SiteError, site_state, start_sites
 from orchard.tasks.web.grading import (
@@ -45,21 +42,7 @@ def load_web_tasks(source: str | Path | None = None, *,
     path = BUNDLED if source is None else WEB_SETS.get(str(source), Path(str(source)).expanduser())
     from orchard.tasks.loaders import TaskLoadError
 
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise TaskLoadError(f"cannot read web tasks from {path}: {e}") from None
-    if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    else:
-        rows = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    tasks = []
-    for i, row in enumerate(rows):
-        try:
-            tasks.append(WebTask.model_validate(row))
-        except ValidationError as e:
-            raise TaskLoadError(f"{path}: web task {i} ({row.get('instance_id', '?')}): "
-                                f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+    tasks = read_task_file(path, WebTask, "web task")
     unknown = sorted({t.checker.name for t in tasks} - CHECKERS.keys())
     if unknown:
         raise TaskLoadError(f"{path}: unknown checkers {unknown}; one of {sorted(CHECKERS)}")

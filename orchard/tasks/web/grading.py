@@ -14,7 +14,8 @@ from typing import Literal, cast
 from pydantic import BaseModel, Field
 
 from orchard.env.browser_schema import BrowserObservation, BrowserVerb
-from orchard.env.client import OrchardError, Sandbox, SandboxClient
+from orchard.env.client import Sandbox, SandboxClient
+from orchard.tasks.served import GoldFailed, validate_served
 from orchard.tasks.web.checkers import CHECKERS
 from orchard.tasks.web.environment import SiteError, site_state, start_sites
 from orchard.tasks.web.model import GoldStep, WebTask
@@ -53,10 +54,6 @@ def grade_web(sandbox: Sandbox, task: WebTask, answer: str | None) -> WebGrade:
         return graded("task_error", f"checker {task.checker.name} crashed: "
                       f"{type(e).__name__}: {e}")
     return graded("resolved" if passed else "unresolved", reason)
-
-
-class GoldFailed(RuntimeError):
-    """A gold step could not be played: the task's script no longer fits its sites."""
 
 
 def element_id(tree: str, target: str) -> int | None:
@@ -119,35 +116,21 @@ class WebTaskCheck(BaseModel):
 def validate_web(client: SandboxClient, task: WebTask, *,
                  labels: dict[str, str] | None = None) -> WebTaskCheck:
     """The gold run resolves the task and doing nothing does not, each in a fresh sandbox."""
-    start = time.monotonic()
-    problems: list[str] = []
-    grades: dict[str, WebGrade] = {}
-    for run in ("empty", "gold"):
-        try:
-            with client.create_sandbox(task.image, labels=labels or {},
-                                       block_network=not task.live) as sb:
-                start_sites(sb, task)
-                page = sb.browser("goto", url=task.start_url,
-                                  timeout=task.budget.action_timeout)
-                if task.live and page.error:
-                    # An answer-checked task could otherwise pass without the site.
-                    problems.append(f"its live site did not load ({page.error}): validate it "
-                                    "where sandboxes reach the internet")
-                    break
-                answer = run_gold(sb, task) if run == "gold" else None
-                grades[run] = grade_web(sb, task, answer)
-        except GoldFailed as e:
-            problems.append(f"its gold solution cannot be played: {e}")
-        except (OrchardError, SiteError) as e:
-            problems.append(f"the environment failed ({type(e).__name__}: {e}); this says "
-                            "nothing about the task, validate again")
-    gold, empty = grades.get("gold"), grades.get("empty")
-    if gold is not None and not gold.resolved:
-        problems.append(f"the gold solution does not resolve it: {gold.reason}")
-    if empty is not None and empty.resolved:
-        problems.append(f"doing nothing resolves it: {empty.reason}")
-    for grade in (gold, empty):
-        if grade is not None and grade.outcome == "task_error":
-            problems.append(f"its checker is broken: {grade.reason}")
+    started = time.monotonic()
+
+    def start(sb: Sandbox) -> str | None:
+        start_sites(sb, task)
+        page = sb.browser("goto", url=task.start_url, timeout=task.budget.action_timeout)
+        if task.live and page.error:
+            # An answer-checked task could otherwise pass without the site.
+            return (f"its live site did not load ({page.error}): validate it where sandboxes "
+                    "reach the internet")
+        return None
+
+    grades, problems = validate_served(
+        client, task, start=start, gold=lambda sb: run_gold(sb, task),
+        grade=lambda sb, answer: grade_web(sb, task, answer), environment_errors=(SiteError,),
+        labels=labels, block_network=not task.live)
     return WebTaskCheck(instance_id=task.instance_id, ok=not problems, problems=problems,
-                        gold=gold, empty=empty, seconds=time.monotonic() - start)
+                        gold=grades.get("gold"), empty=grades.get("empty"),
+                        seconds=time.monotonic() - started)

@@ -1,0 +1,116 @@
+"""What the web and assistant domains share: tasks whose state is served by processes inside the
+sandbox (sites, tool services) and judged there.
+
+- ``read_task_file``: a YAML, JSON or JSONL file of tasks, each row validated into the model;
+- ``wait_serving``: one exec that waits inside the sandbox until its ports answer (the event
+  log, and so a replay, sees it succeed once);
+- ``validate_served``: the gold run resolves a task and doing nothing does not, each in a
+  fresh sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from orchard.env.client import OrchardError, Sandbox, SandboxClient
+
+M = TypeVar("M", bound=BaseModel)
+G = TypeVar("G", bound="Graded")
+
+_WAIT = """
+import sys, time, urllib.request
+deadline = time.monotonic() + float(sys.argv[1])
+for url in sys.argv[2:]:
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError as e:
+            if time.monotonic() > deadline:
+                sys.exit(f"{url}: {e}")
+            time.sleep(0.05)
+"""
+
+
+class GoldFailed(RuntimeError):
+    """A gold step could not be played: the task's script does not fit its environment."""
+
+
+class Graded(Protocol):
+    resolved: bool
+    outcome: str
+    reason: str
+
+
+def read_task_file(path: Path, model: type[M], what: str) -> list[M]:
+    """Every row of a .yaml/.yml, .json or .jsonl file as a ``model``; TaskLoadError says which
+    row is wrong and why."""
+    from orchard.tasks.loaders import TaskLoadError
+
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TaskLoadError(f"cannot read {what} from {path}: {e}") from None
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        rows = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    tasks = []
+    for i, row in enumerate(rows):
+        try:
+            tasks.append(model.model_validate(row))
+        except ValidationError as e:
+            raise TaskLoadError(f"{path}: {what} {i} ({row.get('instance_id', '?')}): "
+                                f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+    return tasks
+
+
+def wait_serving(sandbox: Sandbox, urls: Sequence[str], timeout: float) -> str | None:
+    """Wait until every URL answers inside the sandbox; None, or why not."""
+    waited = sandbox.exec(f"python3 -c {shlex.quote(_WAIT)} {timeout} "
+                          + " ".join(shlex.quote(u) for u in urls), timeout=timeout + 10)
+    return None if waited.ok else (waited.stderr.strip()[-300:] or f"exit {waited.exit_code}")
+
+
+def validate_served(client: SandboxClient, task: Any, *,
+                    start: Callable[[Sandbox], str | None],
+                    gold: Callable[[Sandbox], str | None],
+                    grade: Callable[[Sandbox, str | None], G],
+                    environment_errors: tuple[type[Exception], ...],
+                    labels: dict[str, str] | None = None, block_network: bool = True
+                    ) -> tuple[dict[str, G], list[str]]:
+    """The grades of an empty run and a gold run, each in a fresh sandbox, and what is wrong
+    with the task. ``start`` serves the task in a sandbox and returns a reason it cannot be
+    validated here (or None); ``gold`` plays the gold solution and returns its answer."""
+    problems: list[str] = []
+    grades: dict[str, G] = {}
+    for run in ("empty", "gold"):
+        try:
+            with client.create_sandbox(task.image, labels=labels or {},
+                                       block_network=block_network) as sb:
+                refused = start(sb)
+                if refused:
+                    problems.append(refused)
+                    break
+                grades[run] = grade(sb, gold(sb) if run == "gold" else None)
+        except GoldFailed as e:
+            problems.append(f"its gold solution cannot be played: {e}")
+        except (OrchardError, *environment_errors) as e:
+            problems.append(f"the environment failed ({type(e).__name__}: {e}); this says "
+                            "nothing about the task, validate again")
+    gold_grade, empty = grades.get("gold"), grades.get("empty")
+    if gold_grade is not None and not gold_grade.resolved:
+        problems.append(f"the gold solution does not resolve it: {gold_grade.reason}")
+    if empty is not None and empty.resolved:
+        problems.append(f"doing nothing resolves it: {empty.reason}")
+    for graded in (gold_grade, empty):
+        if graded is not None and graded.outcome == "task_error":
+            problems.append(f"its checker is broken: {graded.reason}")
+    return grades, problems
