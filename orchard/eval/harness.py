@@ -26,6 +26,7 @@ from typing import Any, Protocol, Self
 from pydantic import BaseModel
 
 from orchard.env.client import Sandbox, SandboxClient
+from orchard.rollout.policies import stable_share
 from orchard.tasks.assistant.model import AssistantTask
 from orchard.tasks.model import Task
 from orchard.tasks.web.model import WebTask
@@ -288,8 +289,7 @@ class TeacherHarness(ScriptedTeacher, MiniSweAgentHarness):
         super().__init__("", "teacher", config=config)
         self.tasks = {t.instance_id: t for t in tasks}
         if isinstance(solve, float | int):
-            ranked = sorted(self.tasks, key=_stable_rank)
-            self.solved = set(ranked[:round(float(solve) * len(ranked))])
+            self.solved = stable_share(self.tasks, float(solve))
         else:
             self.solved = set(solve)
 

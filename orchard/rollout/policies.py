@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,3 +87,11 @@ class FunctionPolicy:
 
     def __call__(self, messages: Messages, tools: Tools) -> Reply:
         return as_reply(self.fn(messages, tools))
+
+
+def stable_share(instance_ids: Iterable[str], share: float) -> set[str]:
+    """A ``share`` of the ids, picked by a stable hash: which tasks a scripted teacher solves,
+    so a run's resolved rate is known in advance and no order of concurrent rollouts changes
+    it."""
+    ranked = sorted(instance_ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+    return set(ranked[:round(share * len(ranked))])

@@ -14,20 +14,25 @@ otherwise gives up.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchard.rollout.policies import Messages, Policy, PolicyError, Reply, ToolCall, Tools
+from orchard.rollout.policies import (
+    Messages,
+    Policy,
+    PolicyError,
+    Reply,
+    ToolCall,
+    Tools,
+    stable_share,
+)
 from orchard.tasks.assistant.model import AssistantTask
 
 
 def assistant_teacher(tasks: Sequence[AssistantTask], solve: float = 1.0) -> Policy:
     """The policy (see the module doc)."""
-    ranked = sorted((t.instance_id for t in tasks),
-                    key=lambda i: hashlib.sha256(i.encode()).hexdigest())
-    solved = set(ranked[:round(solve * len(ranked))])
+    solved = stable_share((t.instance_id for t in tasks), solve)
     return _gold_caller(tasks, lambda task, turn: task.instance_id in solved
                         or turn < len(task.gold) // 2)
 

@@ -16,13 +16,20 @@ gives up.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchard.rollout.policies import Messages, Policy, PolicyError, Reply, ToolCall, Tools
+from orchard.rollout.policies import (
+    Messages,
+    Policy,
+    PolicyError,
+    Reply,
+    ToolCall,
+    Tools,
+    stable_share,
+)
 from orchard.tasks.web.grading import element_id
 from orchard.tasks.web.model import WebTask
 
@@ -41,9 +48,7 @@ def _arguments(call: dict[str, Any]) -> dict[str, Any]:
 
 def web_teacher(tasks: Sequence[WebTask], solve: float = 1.0) -> Policy:
     """The policy (see the module doc)."""
-    ranked = sorted((t.instance_id for t in tasks),
-                    key=lambda i: hashlib.sha256(i.encode()).hexdigest())
-    solved = set(ranked[:round(solve * len(ranked))])
+    solved = stable_share((t.instance_id for t in tasks), solve)
     return _gold_player(tasks, lambda task, turn: task.instance_id in solved
                         or turn < len(task.gold) // 2)
 
