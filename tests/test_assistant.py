@@ -57,9 +57,8 @@ def test_the_sets_load_with_splits_and_are_varied() -> None:
     assert len(TASKS) == len(generated) + len(HAND)  # ids are unique
     assert {t.split for t in TASKS.values()} == {"train", "test"}
     assert {t.metadata["template"] for t in generated} == {f.__name__ for f in TEMPLATES}
-    # The seeds vary the requests and the worlds, not just the ids.
-    assert len({t.goal for t in generated}) > 120
-    assert len({json.dumps([t.goal, t.world], sort_keys=True) for t in generated}) > 190
+    # No two ask the same (a scripted teacher knows a task by its request).
+    assert len({t.goal for t in TASKS.values()}) == len(TASKS)
     assert generate(20, seed=1) == generate(20, seed=1) != generate(20, seed=2)
 
 

@@ -17,7 +17,8 @@ from orchard.tasks.assistant.model import EMPTY_WORLD, AssistantTask
 FIRST = ["Dana", "Priya", "Marco", "Lena", "Omar", "Sofia", "Kenji", "Aisha", "Tom", "Ines",
          "Yuki", "Carlos", "Mei", "Noah", "Zara", "Felix"]
 LAST = ["Lee", "Shah", "Rossi", "Berg", "Haddad", "Costa", "Sato", "Bello", "Price", "Moreau"]
-COMPANIES = ["Northwind", "Contoso", "Globex", "Initech", "Umbrella", "Stark Labs"]
+COMPANIES = ["Northwind", "Contoso", "Globex", "Initech", "Umbrella", "Stark Labs", "Hooli",
+             "Vandelay", "Acme", "Wonka"]
 TOPICS = ["budget review", "launch plan", "hiring sync", "design critique", "vendor call",
           "quarterly goals", "security audit", "roadmap", "customer demo", "offsite planning"]
 DAYS = ["2026-03-03", "2026-03-04", "2026-03-05", "2026-03-06", "2026-03-09", "2026-03-10"]
@@ -25,7 +26,11 @@ HOURS = ["09:00", "10:00", "11:00", "13:00", "14:00", "15:00", "16:00"]
 FACTS = [("Lake Baikal", "deepest lake", "1,642 metres"), ("Mount Kilimanjaro",
          "highest mountain in Africa", "5,895 metres"), ("The Danube", "second-longest river "
          "in Europe", "2,850 kilometres"), ("The Atacama", "driest desert", "less than 1 mm of "
-         "rain a year"), ("Angel Falls", "highest waterfall", "979 metres")]
+         "rain a year"), ("Angel Falls", "highest waterfall", "979 metres"), ("Mount Elbrus",
+         "highest mountain in Europe", "5,642 metres"), ("Lake Titicaca", "highest navigable "
+         "lake", "3,812 metres above sea level"), ("The Mariana Trench", "deepest trench",
+         "10,935 metres"), ("The Sahara", "largest hot desert", "9.2 million square km")]
+NOTE_TITLES = ["{}", "About {}", "{} facts", "Notes on {}"]
 
 VISITS = ["It is visited by many.", "Few people go there.", "It is a protected site.",
           "It was surveyed again last year.", "Its name has several spellings."]
@@ -131,8 +136,8 @@ def cancel_and_notify(rng: random.Random, iid: str) -> dict[str, Any]:
     guests = [p["email"] for p in people[:2]]
     world = _base(rng, people)
     world["events"].append(_event(10, topic.title(), f"{day}T{hour}", guests))
-    return {"goal": f"Cancel the '{topic.title()}' meeting and email its attendees that it "
-                    "is cancelled.",
+    return {"goal": f"Cancel the '{topic.title()}' meeting on {day} and email its attendees "
+                    "that it is cancelled.",
             "world": world,
             "checks": [{"name": "no_event", "args": {"id": "e10"}},
                        {"name": "sent", "args": {"to": guests, "body": ["cancel"]}}],
@@ -168,7 +173,8 @@ def answer_invitation(rng: random.Random, iid: str) -> dict[str, Any]:
 
 def archive_newsletters(rng: random.Random, iid: str) -> dict[str, Any]:
     people = _people(rng, 6)
-    sender = {"email": f"news@{rng.choice(COMPANIES).lower().replace(' ', '')}.com"}
+    box = rng.choice(["news", "updates", "digest", "hello"])
+    sender = {"email": f"{box}@{rng.choice(COMPANIES).lower().replace(' ', '')}.com"}
     world = _base(rng, people)
     ids = []
     for n in range(rng.randrange(2, 4)):
@@ -216,12 +222,13 @@ def research_note(rng: random.Random, iid: str) -> dict[str, Any]:
     pages = [{"url": f"https://wiki.example/{p.replace(' ', '_')}", "title": p,
               "text": f"{p} is the {w}: {v}. {rng.choice(VISITS)}"} for p, w, v in FACTS]
     rng.shuffle(pages)
+    title = rng.choice(NOTE_TITLES).format(place)
     return {"goal": f"Look up how big {place} is on the web and save it in a note titled "
-                    f"'{place}'.",
+                    f"'{title}'.",
             "world": {"web": pages},
-            "checks": [{"name": "note", "args": {"contains": [place, value]}}],
+            "checks": [{"name": "note", "args": {"contains": [title, value]}}],
             "gold": [{"tool": "web_search", "args": {"query": place}},
-                     {"tool": "notes_add", "args": {"title": place,
+                     {"tool": "notes_add", "args": {"title": title,
                                                     "body": f"{place}: {value}"}}]}
 
 
@@ -232,7 +239,7 @@ def attendee_report(rng: random.Random, iid: str) -> dict[str, Any]:
     guests = [people[0], people[1]]
     world["events"] += [_event(10, "Standup", f"{day}T09:00", [guests[0]["email"]], 15),
                         _event(11, "Review", f"{day}T15:00", [guests[1]["email"]])]
-    path = f"/reports/{day}.txt"
+    path = f"/reports/{rng.choice(['people', 'attendees', 'meetings', 'who'])}-{day}.txt"
     return {"goal": f"Write {path} listing the email of everyone I meet on {day}, one a line.",
             "world": world,
             "checks": [{"name": "file", "args": {"path": path,
@@ -251,13 +258,23 @@ TEMPLATES: list[Template] = [reply_with_figure, schedule_meeting, move_meeting,
 
 
 def generate(n: int = 200, seed: int = 0) -> list[AssistantTask]:
-    """``n`` tasks, the templates in turn; every fourth in the test split."""
-    tasks = []
+    """``n`` tasks, the templates in turn; every fourth in the test split. No two ask the same:
+    a request must tell its task apart (a scripted teacher knows a task by it), so a draw that
+    repeats one is drawn again."""
+    tasks: list[AssistantTask] = []
+    goals: set[str] = set()
     for i in range(n):
         template = TEMPLATES[i % len(TEMPLATES)]
         iid = f"gen-{template.__name__.replace('_', '-')}-{i // len(TEMPLATES):03d}"
-        rng = random.Random(f"{seed}:{i}")
+        for attempt in range(100):
+            made = template(random.Random(f"{seed}:{i}:{attempt}"), iid)
+            if made["goal"] not in goals:
+                break
+        else:
+            raise ValueError(f"template {template.__name__} ran out of distinct requests at "
+                             f"task {i}; widen its pools")
+        goals.add(made["goal"])
         tasks.append(AssistantTask.model_validate({
-            "instance_id": iid, **template(rng, iid), "split": "test" if i % 4 == 3 else "train",
+            "instance_id": iid, **made, "split": "test" if i % 4 == 3 else "train",
             "metadata": {"template": template.__name__, "seed": seed}}))
     return tasks

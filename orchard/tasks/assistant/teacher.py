@@ -49,6 +49,8 @@ def _gold_caller(tasks: Sequence[AssistantTask],
     """Makes a task's gold calls while ``goes_on(task, turn)``, then finishes: with the gold
     answer after the last call, with none when it stops early."""
     by_goal = {t.goal: t for t in tasks}
+    if len(by_goal) < len(tasks):
+        raise ValueError("two of the teacher's tasks ask the same; it knows a task by its goal")
 
     def policy(messages: Messages, tools: Tools) -> Reply:
         request = next((str(m.get("content")) for m in messages if m.get("role") == "user"),
