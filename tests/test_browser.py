@@ -220,7 +220,8 @@ def test_without_any_chromium_the_error_says_what_to_do(monkeypatch: pytest.Monk
 
 def test_the_browser_on_kubernetes(fake_cluster: FakeCluster) -> None:
     """The same route and observation through the Kubernetes backend: the action goes to the
-    pod's agent, and its Chromium runs in the pod (the fake kubelet's "host" image has one)."""
+    pod's agent and its Chromium runs in the pod (the fake kubelet runs each pod as a local
+    sandbox; on a real cluster the pod's image brings the Chromium)."""
     with kube_orchestrator(fake_cluster) as http:
         sid = create_ready(http, fake_cluster.api)
         try:
