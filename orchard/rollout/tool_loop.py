@@ -38,7 +38,7 @@ class ToolLoopResult:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
 
-# act(name, arguments) -> the messages that answer the call: its tool message first.
+# act(call, name, arguments) -> the messages that answer the call: its tool message first.
 Act = Callable[[dict[str, Any], str, dict[str, Any]], list[dict[str, Any]]]
 
 

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from orchard.env.client import OrchardError, Sandbox, SandboxClient
 
 M = TypeVar("M", bound=BaseModel)
-G = TypeVar("G", bound="Graded")
+G = TypeVar("G", bound=BaseModel)
 
 _WAIT = """
 import sys, time, urllib.request
@@ -43,10 +44,16 @@ class GoldFailed(RuntimeError):
     """A gold step could not be played: the task's script does not fit its environment."""
 
 
-class Graded(Protocol):
-    resolved: bool
-    outcome: str
-    reason: str
+class ServedTaskCheck(BaseModel, Generic[G]):
+    """A task's validation: what is wrong with it (``ok`` when nothing), and the grades of the
+    gold run and the empty run."""
+
+    instance_id: str
+    ok: bool
+    problems: list[str] = Field(default_factory=list)
+    gold: G | None = None
+    empty: G | None = None
+    seconds: float = 0.0
 
 
 def read_task_file(path: Path, model: type[M], what: str) -> list[M]:
@@ -85,10 +92,12 @@ def validate_served(client: SandboxClient, task: Any, *,
                     grade: Callable[[Sandbox, str | None], G],
                     environment_errors: tuple[type[Exception], ...],
                     labels: dict[str, str] | None = None, block_network: bool = True
-                    ) -> tuple[dict[str, G], list[str]]:
-    """The grades of an empty run and a gold run, each in a fresh sandbox, and what is wrong
-    with the task. ``start`` serves the task in a sandbox and returns a reason it cannot be
-    validated here (or None); ``gold`` plays the gold solution and returns its answer."""
+                    ) -> ServedTaskCheck[G]:
+    """An empty run and a gold run, each in a fresh sandbox, graded. ``start`` serves the task
+    in a sandbox and returns a reason it cannot be validated here (or None); ``gold`` plays
+    the gold solution and returns its answer. The grades' fields ``resolved``, ``outcome``
+    and ``reason`` say what is wrong."""
+    started = time.monotonic()
     problems: list[str] = []
     grades: dict[str, G] = {}
     for run in ("empty", "gold"):
@@ -113,4 +122,5 @@ def validate_served(client: SandboxClient, task: Any, *,
     for graded in (gold_grade, empty):
         if graded is not None and graded.outcome == "task_error":
             problems.append(f"its checker is broken: {graded.reason}")
-    return grades, problems
+    return ServedTaskCheck[G](instance_id=task.instance_id, ok=not problems, problems=problems,
+                              gold=gold_grade, empty=empty, seconds=time.monotonic() - started)

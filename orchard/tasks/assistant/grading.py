@@ -8,7 +8,6 @@ a fresh sandbox.
 
 from __future__ import annotations
 
-import time
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -22,7 +21,7 @@ from orchard.tasks.assistant.environment import (
     world_state,
 )
 from orchard.tasks.assistant.model import AssistantTask
-from orchard.tasks.served import GoldFailed, validate_served
+from orchard.tasks.served import GoldFailed, ServedTaskCheck, validate_served
 
 Outcome = Literal["resolved", "unresolved", "task_error"]
 
@@ -79,24 +78,14 @@ def run_gold(sandbox: Sandbox, task: AssistantTask) -> str | None:
     return task.answer
 
 
-class AssistantTaskCheck(BaseModel):
-    instance_id: str
-    ok: bool
-    problems: list[str] = Field(default_factory=list)
-    gold: AssistantGrade | None = None
-    empty: AssistantGrade | None = None
-    seconds: float = 0.0
+AssistantTaskCheck = ServedTaskCheck[AssistantGrade]
 
 
 def validate_assistant(client: SandboxClient, task: AssistantTask, *,
                        labels: dict[str, str] | None = None) -> AssistantTaskCheck:
     """The gold run resolves the task and doing nothing does not, each in a fresh sandbox."""
-    started = time.monotonic()
-    grades, problems = validate_served(
+    return validate_served(
         client, task, start=lambda sb: start_services(sb, task),
         gold=lambda sb: run_gold(sb, task),
         grade=lambda sb, answer: grade_assistant(sb, task, answer),
         environment_errors=(ServicesError,), labels=labels)
-    return AssistantTaskCheck(instance_id=task.instance_id, ok=not problems, problems=problems,
-                              gold=grades.get("gold"), empty=grades.get("empty"),
-                              seconds=time.monotonic() - started)

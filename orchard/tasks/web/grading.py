@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from orchard.env.browser_schema import BrowserObservation, BrowserVerb
 from orchard.env.client import Sandbox, SandboxClient
-from orchard.tasks.served import GoldFailed, validate_served
+from orchard.tasks.served import GoldFailed, ServedTaskCheck, validate_served
 from orchard.tasks.web.checkers import CHECKERS
 from orchard.tasks.web.environment import SiteError, site_state, start_sites
 from orchard.tasks.web.model import GoldStep, WebTask
@@ -104,20 +104,12 @@ def run_gold(sandbox: Sandbox, task: WebTask) -> str | None:
     return answer
 
 
-class WebTaskCheck(BaseModel):
-    instance_id: str
-    ok: bool
-    problems: list[str] = Field(default_factory=list)
-    gold: WebGrade | None = None
-    empty: WebGrade | None = None
-    seconds: float = 0.0
+WebTaskCheck = ServedTaskCheck[WebGrade]
 
 
 def validate_web(client: SandboxClient, task: WebTask, *,
                  labels: dict[str, str] | None = None) -> WebTaskCheck:
     """The gold run resolves the task and doing nothing does not, each in a fresh sandbox."""
-    started = time.monotonic()
-
     def start(sb: Sandbox) -> str | None:
         start_sites(sb, task)
         page = sb.browser("goto", url=task.start_url, timeout=task.budget.action_timeout)
@@ -127,10 +119,7 @@ def validate_web(client: SandboxClient, task: WebTask, *,
                     "reach the internet")
         return None
 
-    grades, problems = validate_served(
+    return validate_served(
         client, task, start=start, gold=lambda sb: run_gold(sb, task),
         grade=lambda sb, answer: grade_web(sb, task, answer), environment_errors=(SiteError,),
         labels=labels, block_network=not task.live)
-    return WebTaskCheck(instance_id=task.instance_id, ok=not problems, problems=problems,
-                        gold=grades.get("gold"), empty=grades.get("empty"),
-                        seconds=time.monotonic() - started)

@@ -81,11 +81,11 @@ def mail_read(world, id):
 def mail_send(world, to, subject, body, cc=(), in_reply_to=None):
     if not to:
         raise ToolError("'to' needs at least one address")
-    known = {c["email"] for c in world["contacts"]} | {m["from"] for m in world["mail"]}
     unknown = [a for a in [*to, *cc] if "@" not in a]
     if unknown:
+        known = sorted(c["email"] for c in world["contacts"])[:3]
         raise ToolError(f"not email addresses: {unknown}; look names up with contacts_search"
-                        f" (known addresses include {sorted(known)[:3]})")
+                        f" (known addresses include {known})")
     if in_reply_to is not None:
         _find(world["mail"], in_reply_to, "message")
     message = {"id": _next_id(world["mail"], "m"), "folder": "sent",
