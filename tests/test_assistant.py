@@ -32,6 +32,7 @@ from orchard.tasks.assistant import (
     validate_assistant,
     world_state,
 )
+from orchard.tasks.assistant.judge import judge_prompt, keyword_judge
 from orchard.tasks.assistant.services.tools import TOOLS, ToolError, call
 from orchard.tasks.loaders import TaskLoadError
 from tests.conftest import needs_root
@@ -175,6 +176,23 @@ def test_eval_with_the_assistant_teacher_is_graded_and_traced(client: SandboxCli
     assert row.grade is not None and row.grade.outcome == "unresolved" and row.n_steps == 3
     with pytest.raises(ValueError, match="assistant tasks run with"):
         make_harness("web-teacher", chosen)
+
+
+def test_the_keyword_judge_scores_what_the_assistant_wrote() -> None:
+    def scores(task: AssistantTask, messages: list[dict]) -> list[float]:
+        prompt = judge_prompt(task, messages, task.answer if messages else None)
+        return json.loads(keyword_judge([{"role": "user", "content": prompt}], None)
+                          .content or "")["scores"]
+
+    judged = [t for t in load_assistant_tasks() if t.rubric]
+    assert len(judged) >= 40  # hand-written rubrics and four templates'
+    for task in judged:
+        gold = [{"role": "assistant", "tool_calls": [{"function": {
+            "name": c.tool, "arguments": json.dumps(c.args)}}]} for c in task.gold]
+        # Results are the tools' words, not the assistant's: they earn nothing.
+        echoed = [{"role": "tool", "content": json.dumps(task.world)}]
+        assert scores(task, []) == scores(task, echoed) == [0.0] * len(task.rubric)
+        assert len(scores(task, gold)) == len(task.rubric) and sum(scores(task, gold)) > 0
 
 
 def scripted_judge(messages: list[dict], tools: object) -> Reply:

@@ -14,6 +14,7 @@ import torch
 from orchard.env.client import SandboxClient
 from orchard.eval import RunConfig, TeacherHarness, evaluate
 from orchard.eval.harness import MiniSweAgentHarness, _stable_rank
+from orchard.eval.results import read_results
 from orchard.recipes.bar import BARConfig
 from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig, run_demo
 from orchard.recipes.domains import hedged_teacher
@@ -213,10 +214,13 @@ def test_branch_restores_a_step_k_times(client: SandboxClient, family: list[Task
 
 @pytest.mark.parametrize("domain", [pytest.param("web", marks=needs_browser), "assistant"])
 def test_demo_on_the_other_families(client: SandboxClient, tmp_path: Path, domain: str) -> None:
+    # The assistant run is judged: its policy's rollouts of tasks with a rubric earn
+    # base + 0.5 J from the scripted judge.
     config = DemoConfig(
         domain=domain, n_train=6, n_test=2, eval_n=1, tiny_hidden=64, mc_k=1, mc_max=1,
         mc_solve=0.85, sft=SFTConfig(epochs=1, batch_size=4, warmup=1),
-        rl=RLConfig(steps=1, batch_prompts=1, bar=BARConfig(n=2, n_max=2, stride=2)))
+        rl=RLConfig(steps=1, batch_prompts=1, bar=BARConfig(n=2, n_max=2, stride=2)),
+        judge="scripted" if domain == "assistant" else None)
     results = run_demo(tmp_path, config, client=client, log=lambda _: None)
     assert results["stages"].keys() == {"base", "sft", "sft_rl"}
     for stage in results["stages"].values():
@@ -228,6 +232,12 @@ def test_demo_on_the_other_families(client: SandboxClient, tmp_path: Path, domai
     assert results["values"]["annotated"] == 1  # a failed teacher rollout, valued by replays
     assert results["sft_data"]["examples"] >= 1 and results["sft_data"]["resolved"] >= 1
     assert len(results["rl"]) == 1 and results["rerank"]["tasks"] == 2
+    assert results["rl"][0]["mean_reward"] is not None
+    if domain == "assistant":
+        (judged,) = [r for r in read_results(tmp_path / "eval-base")
+                     if r.instance_id == "hand-move-dana-thursday"]
+        assert judged.grade is not None and judged.grade.judge is not None
+        assert len(judged.grade.judge_scores or []) == 2
     assert client.list_sandboxes() == []
 
 

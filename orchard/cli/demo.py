@@ -33,6 +33,12 @@ def demo(
         help="swe (the generated settings family, mini-swe-agent), web (the bundled web "
              "tasks, the browser agent) or assistant (the assistant tasks, the tool-calling "
              "assistant).")] = "swe",
+    judge: Annotated[str | None, typer.Option(
+        help="Assistant domain: score the policy's rollouts against their rubrics, so BAR "
+             "trains on base + 0.5 J. 'scripted' (a keyword judge served locally) or an "
+             "OpenAI base URL, e.g. http://127.0.0.1:8000/v1.", show_default=False)] = None,
+    judge_model: Annotated[str, typer.Option(help="The model the judge URL serves.")
+                           ] = "judge",
     orchestrator: OrchestratorOption = None,
 ) -> None:
     """The training pipeline end to end: teacher trajectories -> credit-assignment SFT -> BAR
@@ -45,7 +51,10 @@ def demo(
 
     if domain not in ("swe", "web", "assistant"):
         raise typer.BadParameter(f"--domain is swe, web or assistant, not {domain!r}")
-    config = DemoConfig(seed=seed, eval_n=eval_n)
+    if judge is not None and domain != "assistant":
+        raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
+                                 "none: add --domain assistant or drop --judge")
+    config = DemoConfig(seed=seed, eval_n=eval_n, judge=judge, judge_model=judge_model)
     if domain == "web":
         config = for_web(config)
     elif domain == "assistant":

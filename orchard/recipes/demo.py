@@ -22,6 +22,7 @@ smollm2_dir()``); only the model and its serving change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -47,6 +48,7 @@ from orchard.recipes.sft import SFTConfig, build_sft_dataset, save_examples, sft
 from orchard.recipes.trajectories import load_trajectories
 from orchard.rollout.minisweagent import config_from_specs
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.tasks.assistant.judge import RubricJudge, keyword_judge
 
 COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 
@@ -94,6 +96,11 @@ class DemoConfig:
     """torch intra-op threads while sandboxes run (serving, RL)."""
     sft_threads: int | None = None
     """torch intra-op threads for SFT, when nothing else runs; None: every core."""
+    judge: str | None = None
+    """Assistant domain: a rubric judge for the policy's rollouts (evaluation and RL), whose
+    reward base + 0.5 J gives BAR's advantages. "scripted": ``keyword_judge`` on a local
+    server; otherwise an OpenAI base URL serving ``judge_model``."""
+    judge_model: str = "judge"
 
 
 def pretrained(config: DemoConfig) -> DemoConfig:
@@ -228,6 +235,24 @@ class Demo:
         return report
 
     def run(self) -> dict[str, Any]:
+        with contextlib.ExitStack() as stack:
+            if self.config.judge is not None:
+                self.domain = demo_domain(self.config.domain, self.agent_config,
+                                          judge=self._open_judge(stack))
+            return self._run()
+
+    def _open_judge(self, stack: contextlib.ExitStack) -> RubricJudge:
+        url = self.config.judge or ""
+        if url == "scripted":
+            from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+
+            server = stack.enter_context(TeacherServer(
+                FunctionPolicy(keyword_judge), load_tokenizer(TEST_TOKENIZER),
+                model_name=self.config.judge_model))
+            url = f"{server.url}/v1"
+        return RubricJudge(url, self.config.judge_model)
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.config
         torch.manual_seed(cfg.seed)
         # Sandboxes, the proxy and the harness share these cores with torch: more than one
@@ -268,8 +293,8 @@ class Demo:
                 render_with=self.tokenizer_dir, agent_config=self.agent_config,
                 harness=self._policy_harness(server), on_step=lambda r: self.log(
                     f"  rl step {r['step']}: {r['groups']} groups, resolved "
-                    f"{r['resolved_rate']:.0%} of {r['rollouts']} rollouts, "
-                    f"{r['seconds']:.0f} s")))
+                    f"{r['resolved_rate']:.0%} of {r['rollouts']} rollouts, mean reward "
+                    f"{r['mean_reward'] or 0:.2f}, {r['seconds']:.0f} s")))
             self.results["rl"] = rl_log
             self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"))
         self._timed("rerank", lambda: self.rerank(tokenizer))

@@ -25,6 +25,7 @@ from orchard.recipes.montecarlo import (
 )
 from orchard.rollout.policies import Policy, Reply, ToolCall
 from orchard.tasks.assistant import load_assistant_tasks
+from orchard.tasks.assistant.judge import RubricJudge
 from orchard.tasks.assistant.teacher import hedged_assistant_teacher
 from orchard.tasks.family import settings_family
 from orchard.tasks.model import Task
@@ -119,10 +120,14 @@ class WebFamily:
 
 
 class AssistantFamily:
-    """The assistant tasks (hand-written and generated) with the tool-calling assistant."""
+    """The assistant tasks (hand-written and generated) with the tool-calling assistant;
+    with a ``judge``, the policy's rollouts of tasks with a rubric earn base + 0.5 J."""
 
     text_of: Literal["patch", "trajectory"] = "trajectory"
     replays = True
+
+    def __init__(self, judge: RubricJudge | None = None) -> None:
+        self.judge = judge
 
     def tasks(self, n_train: int, n_test: int, seed: int) -> list[Any]:
         return list(load_assistant_tasks())
@@ -131,7 +136,7 @@ class AssistantFamily:
         return AssistantTeacherHarness(train, solve=solve)
 
     def policy(self, url: str, model: str, tokenizer_dir: str | Path) -> Harness:
-        return AssistantHarness(url, model, render_with=tokenizer_dir)
+        return AssistantHarness(url, model, render_with=tokenizer_dir, judge=self.judge)
 
     def continuation_policy(self, train: Sequence[Any], solve: float, seed: int) -> Policy:
         return hedged_assistant_teacher(train, solve, seed)
@@ -140,11 +145,15 @@ class AssistantFamily:
         return AssistantContinuation(url, model)
 
 
-def demo_domain(name: str, agent_config: dict[str, Any]) -> DemoDomain:
+def demo_domain(name: str, agent_config: dict[str, Any], *,
+                judge: RubricJudge | None = None) -> DemoDomain:
+    if judge is not None and name != "assistant":
+        raise ValueError(f"a rubric judge scores assistant tasks; the {name} domain has no "
+                         "rubrics: drop the judge or use the assistant domain")
     if name == "web":
         return WebFamily()
     if name == "assistant":
-        return AssistantFamily()
+        return AssistantFamily(judge)
     if name == "swe":
         return SettingsFamily(agent_config)
     raise ValueError(f"no demo domain {name!r}: swe, web or assistant")

@@ -112,6 +112,10 @@ class PolicySampler:
         return build_samples(result.rollout_id, calls)[0]
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def _batch(samples: Sequence[tuple[Sample, float]], pad_id: int
            ) -> dict[str, torch.Tensor]:
     rows = [s for s, _ in samples]
@@ -210,9 +214,13 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
             "step": step, "groups": len(kept), "dropped": [reason for _, reason in dropped],
             "modes": [g.mode for g in built],
             "rollouts": sum(len(g.pool) for g in built),
-            "resolved_rate": (sum(r.reward is not None and r.reward > 0
-                                  for g in built for r in g.pool)
+            "resolved_rate": (sum(r.reward is not None and r.positive for g in built
+                                  for r in g.pool)
                               / max(1, sum(len(g.pool) for g in built))),
+            # With a rubric judge the reward is base + 0.5 J: above the resolved rate when
+            # the judge liked unsolved work.
+            "mean_reward": _mean([r.reward for g in built for r in g.pool
+                                  if r.reward is not None]),
             "rollout_seconds": rollout_seconds, "samples": len(pairs)}
         if pairs:
             t0 = time.monotonic()

@@ -88,6 +88,10 @@ def reply_with_figure(rng: random.Random, iid: str) -> dict[str, Any]:
             "world": world,
             "checks": [{"name": "sent", "args": {"to": [asker["email"]], "body": [figure],
                                                  "in_reply_to": "m10"}}],
+            "rubric": [{"criterion": f"The reply gives the {topic} total, {figure}.",
+                        "weight": 2},
+                       {"criterion": f"It answers {asker['name']}'s question email.",
+                        "weight": 1}],
             "gold": [{"tool": "mail_search", "args": {"query": topic}},
                      {"tool": "files_read", "args": {"path": path}},
                      {"tool": "mail_send", "args": {
@@ -141,6 +145,8 @@ def cancel_and_notify(rng: random.Random, iid: str) -> dict[str, Any]:
             "world": world,
             "checks": [{"name": "no_event", "args": {"id": "e10"}},
                        {"name": "sent", "args": {"to": guests, "body": ["cancel"]}}],
+            "rubric": [{"criterion": f"The email says the {topic} meeting on {day} is "
+                                     "cancelled."}],
             "gold": [{"tool": "calendar_list", "args": {}},
                      {"tool": "calendar_cancel", "args": {"id": "e10"}},
                      {"tool": "mail_send", "args": {
@@ -200,6 +206,8 @@ def todo_from_mail(rng: random.Random, iid: str) -> dict[str, Any]:
                     "they need it.",
             "world": world,
             "checks": [{"name": "todo", "args": {"text": [topic], "due": due}}],
+            "rubric": [{"criterion": f"The todo names the {topic} notes and "
+                                     f"{people[0]['name']}."}],
             "gold": [{"tool": "mail_search", "args": {"query": people[0]["email"]}},
                      {"tool": "mail_read", "args": {"id": "m10"}},
                      {"tool": "todos_add", "args": {"text": f"Send notes on the {topic} to "
@@ -227,6 +235,7 @@ def research_note(rng: random.Random, iid: str) -> dict[str, Any]:
                     f"'{title}'.",
             "world": {"web": pages},
             "checks": [{"name": "note", "args": {"contains": [title, value]}}],
+            "rubric": [{"criterion": f"The note gives how big {place} is: {value}."}],
             "gold": [{"tool": "web_search", "args": {"query": place}},
                      {"tool": "notes_add", "args": {"title": title,
                                                     "body": f"{place}: {value}"}}]}

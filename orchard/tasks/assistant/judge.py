@@ -5,6 +5,9 @@ the assistant did (its tool calls and what came back) and its answer, and answer
 score in [0, 1] per criterion; J is their weighted mean, and the rollout's process reward is
 R = base + 0.5 * J, base being 1 when the checks hold and 0 otherwise.
 
+``keyword_judge`` is a scripted stand-in for tests and the demo, served like any model (e.g. by
+``TeacherServer``): it scores a criterion by how many of its words the assistant wrote.
+
 A judge that cannot be reached, refuses, or answers with anything but the scores asked for
 (after one retry) is a ``JudgeFailed`` with a class, never a silent 0. Every exchange is kept
 (``calls``) so the rollout's trace can show how it was graded.
@@ -20,6 +23,7 @@ from typing import Any, Literal
 
 import httpx
 
+from orchard.rollout.policies import Reply, Tools
 from orchard.tasks.assistant.model import AssistantTask
 
 JUDGE_WEIGHT = 0.5
@@ -48,6 +52,9 @@ def process_reward(resolved: bool, j: float) -> float:
     return (1.0 if resolved else 0.0) + JUDGE_WEIGHT * j
 
 
+_NO_ANSWER = "FINAL ANSWER (none)"
+
+
 def transcript(messages: list[dict[str, Any]], answer: str | None) -> str:
     """What the assistant did, as the judge reads it: its calls, the results, its answer."""
     lines = []
@@ -57,8 +64,15 @@ def transcript(messages: list[dict[str, Any]], answer: str | None) -> str:
                 lines.append(f"CALL {call['function']['name']} {call['function']['arguments']}")
         elif m.get("role") == "tool":
             lines.append(f"RESULT {str(m.get('content'))[:1000]}")
-    lines.append(f"FINAL ANSWER {answer or '(none)'}")
+    lines.append(f"FINAL ANSWER {answer}" if answer else _NO_ANSWER)
     return "\n".join(lines)
+
+
+def judge_prompt(task: AssistantTask, messages: list[dict[str, Any]],
+                 answer: str | None) -> str:
+    criteria = "\n".join(f"{i + 1}. {c.criterion}" for i, c in enumerate(task.rubric))
+    return (f"Request: {task.goal}\n\nCriteria:\n{criteria}\n\nWhat the assistant did:\n"
+            f"{transcript(messages, answer)}")
 
 
 class RubricJudge:
@@ -69,11 +83,9 @@ class RubricJudge:
 
     def score(self, task: AssistantTask, messages: list[dict[str, Any]],
               answer: str | None) -> Verdict:
-        criteria = "\n".join(f"{i + 1}. {c.criterion}" for i, c in enumerate(task.rubric))
-        prompt = (f"Request: {task.goal}\n\nCriteria:\n{criteria}\n\nWhat the assistant did:\n"
-                  f"{transcript(messages, answer)}")
         body = {"model": self.model, "temperature": 0, "messages": [
-            {"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]}
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": judge_prompt(task, messages, answer)}]}
         calls: list[dict[str, Any]] = []
         why = ""
         with httpx.Client(timeout=self.timeout) as http:
@@ -96,6 +108,36 @@ class RubricJudge:
                     j = sum(w * s for w, s in zip(weights, scores, strict=True)) / sum(weights)
                     return Verdict(j=j, scores=scores, calls=calls)
         raise JudgeFailed("nonsense", why, calls)
+
+
+# Words a criterion uses to say what it wants, not what must be there.
+_FILLER = frozenset({
+    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "gives", "how", "in", "is",
+    "it", "its", "names", "not", "of", "on", "or", "says", "so", "tells", "that", "the",
+    "their", "them", "they", "this", "to", "what", "when", "where", "which", "who", "with",
+    "message", "email", "reply", "note", "todo"})
+
+
+def _words(text: str) -> set[str]:
+    return {w.strip(".,:;!?'\"()").lower() for w in text.split()} - _FILLER - {""}
+
+
+def keyword_judge(messages: list[dict[str, Any]], tools: Tools) -> Reply:
+    """A scripted judge: each criterion scores the share of its words found in what the
+    assistant wrote (its calls' arguments and its answer, not the tools' results). It reads
+    ``RubricJudge``'s prompt, so it is a real endpoint's stand-in, not an LLM's equal: it
+    rewards naming the right things, and cannot tell a right sentence from a wrong one."""
+    prompt = str(messages[-1]["content"])
+    criteria_part, _, did = prompt.partition("\n\nWhat the assistant did:\n")
+    criteria = re.findall(r"^\d+\. (.*)$", criteria_part.partition("Criteria:\n")[2],
+                          re.MULTILINE)
+    wrote = " ".join(line.removeprefix("CALL ").removeprefix("FINAL ANSWER ")
+                     for line in did.splitlines()
+                     if line.startswith(("CALL ", "FINAL ANSWER ")) and line != _NO_ANSWER)
+    written = _words(wrote.replace('\\"', " ").replace('"', " "))
+    scores = [round(len(_words(c) & written) / len(_words(c)), 3) if _words(c) else 1.0
+              for c in criteria]
+    return Reply(content=json.dumps({"scores": scores}))
 
 
 def _json_or_text(reply: httpx.Response) -> Any:
