@@ -381,3 +381,33 @@ def test_rubric_rewards_balance_on_success_not_on_the_sign_of_the_reward() -> No
     assert filter_group(liked) == "no_positive"  # every reward > 0, yet nothing solved
     assert filter_group(liked[:1] + solved[:1]) is None
     assert Rollout(reward=0.3).positive and not Rollout(reward=0.3, success=False).positive
+
+
+@pytest.mark.parametrize(("exit_status", "failed", "status"), [
+    ("Submitted", False, "completed"), ("LimitsExceeded", False, "truncated"),
+    ("TimeExceeded", False, "time_exceeded"), ("Submitted", True, "aborted"),
+    # An exit nobody defined is not taken to mean the rollout ran to its end.
+    ("exited 3", False, "aborted"), ("unknown", False, "aborted"), ("", False, "aborted")])
+def test_harness_exits_map_to_bar_statuses(exit_status: str, failed: bool, status: str) -> None:
+    from orchard.eval.results import Failure, RolloutResult
+    from orchard.recipes.rl import rollout_status
+
+    failure = Failure(cls="harness", type="HarnessError", message="boom") if failed else None
+    result = RolloutResult(run_id="r", rollout_id="x", instance_id="t", sample=0, harness="h",
+                           exit_status=exit_status, failure=failure)
+    assert rollout_status(result) == status
+
+
+def test_time_exceeded_rollouts_stay_in_the_baseline_but_are_not_trained_on() -> None:
+    from orchard.recipes.rl import training_pairs
+
+    # A best-effort group: one solved, one cut off by the clock, one that failed.
+    group = [Rollout(1.0, "completed", payload=(None, ["won"])),
+             Rollout(-1.0, "time_exceeded", payload=(None, ["cut-1", "cut-2"])),
+             Rollout(-1.0, "completed", payload=(None, ["lost"]))]
+    pairs = training_pairs([group])
+    assert [s for s, _ in pairs] == ["won", "lost"]
+    # The baseline counts the cut-off rollout: its reward drags the mean down.
+    advantages = dict(pairs)
+    assert advantages["won"] == pytest.approx(grpo_advantages([1.0, -1.0, -1.0])[0])
+    assert advantages["lost"] == pytest.approx(grpo_advantages([1.0, -1.0, -1.0])[2])

@@ -145,7 +145,7 @@ def test_rl_samples_are_token_exact_and_an_update_moves_the_policy(
     # what the trainer computes for the same tokens: on-policy, the first ratio is 1.
     for s in samples:
         assert all(lp is not None for m, lp in zip(s.loss_mask, s.logprobs, strict=True) if m)
-    config = RLConfig(lr=1e-2)
+    config = RLConfig(lr=1e-2, ppo_epochs=1, minibatches=1)
 
     def likelihood() -> float:
         with torch.no_grad():
@@ -163,6 +163,14 @@ def test_rl_samples_are_token_exact_and_an_update_moves_the_policy(
     assert abs(stats["ratio_mean"] - 1) < 1e-3 and abs(stats["approx_kl"]) < 1e-4
     assert stats["tokens"] == sum(sum(s.loss_mask) for s in samples)
     assert likelihood() > before  # a positive advantage makes those tokens more likely
+    assert stats["optimizer_steps"] == 1 and len(stats["epochs"]) == 1
+    # More passes reuse the rollouts off-policy: the ratio leaves 1 and the clip binds.
+    more = policy_update(model, optimizer, [(s, 1.0) for s in samples],
+                         RLConfig(lr=1e-2, ppo_epochs=3, minibatches=2),
+                         tokenizer.pad_token_id or tokenizer.eos_token_id)
+    assert len(more["epochs"]) == 3 and more["optimizer_steps"] == 3 * min(2, len(samples))
+    assert more["epochs"][-1]["ratio_mean"] > 1 + 1e-3
+    assert more["epochs"][-1]["clip_fraction"] > 0
 
 
 def test_demo_end_to_end(client: SandboxClient, tmp_path: Path) -> None:

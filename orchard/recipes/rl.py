@@ -9,8 +9,10 @@ One step, top to bottom:
 3. The proxy recorded every model call token for token; each rollout becomes one or more
    samples (``build_samples``): the policy's own tokens (mask 1, with the log-probs it sampled
    them with) inside the context it saw (mask 0).
-4. One PPO-clip update over all samples (gradient accumulated over micro-batches, the loss a
-   mean over every trained token of the batch), then the new weights go to the server.
+4. PPO-clip over those samples: ``ppo_epochs`` shuffled passes of ``minibatches`` optimizer
+   steps each (gradient accumulated over micro-batches, the loss a mean over the minibatch's
+   trained tokens), then the new weights go to the server. Time-exceeded rollouts count in
+   their group's baseline but are not trained on.
 
     history = train_rl(model, tokenizer, tasks, client, server, out, RLConfig(steps=4),
                        agent_config=config)
@@ -46,8 +48,9 @@ from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, tok
 from orchard.recipes.serving import PolicyServer
 from orchard.rollout.samples import Sample, build_samples
 
-# How a harness's exit maps to BAR's statuses; a rollout that failed (environment, model,
-# harness) is aborted.
+# How a harness's exit maps to BAR's statuses. A rollout that failed (environment, model,
+# harness) is aborted, and so is one whose exit this table does not know: a status nobody
+# defined cannot be trusted to mean the rollout ran to its end.
 _STATUS = {"Submitted": "completed", "LimitsExceeded": "truncated",
            "TimeExceeded": "time_exceeded"}
 
@@ -65,6 +68,11 @@ class RLConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     entropy_coef: float = 1e-4
+    ppo_epochs: int = 4
+    """Passes over each step's samples. More than one reuses the rollouts off-policy, so the
+    ratio leaves 1 and the clip bounds how far a batch moves the policy."""
+    minibatches: int = 2
+    """Optimizer steps per pass."""
     micro_batch: int = 4
     grad_clip: float = 1.0
     concurrency: int = 2
@@ -75,7 +83,7 @@ class RLConfig:
 def rollout_status(result: RolloutResult) -> str:
     if result.failure is not None:
         return "aborted"
-    return _STATUS.get(result.exit_status, "completed")
+    return _STATUS.get(result.exit_status, "aborted")
 
 
 class PolicySampler:
@@ -112,6 +120,18 @@ class PolicySampler:
         return build_samples(result.rollout_id, calls)[0]
 
 
+def training_pairs(groups: Sequence[Sequence[Rollout]]) -> list[tuple[Sample, float]]:
+    """(sample, GRPO advantage) for every sample of the groups' rollouts. A time-exceeded
+    rollout's reward stays in its group's baseline, but its tokens are not trained on: it was
+    cut off, so how it ended is not the policy's doing."""
+    return [(sample, advantage)
+            for group in groups
+            for rollout, advantage in zip(group, grpo_advantages(
+                [r.reward if r.reward is not None else 0.0 for r in group]), strict=True)
+            if rollout.status != "time_exceeded"
+            for sample in rollout.payload[1]]
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -131,25 +151,22 @@ def _batch(samples: Sequence[tuple[Sample, float]], pad_id: int
             "advantages": torch.tensor([a for _, a in samples], dtype=torch.float32)}
 
 
-def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                  samples: Sequence[tuple[Sample, float]], config: RLConfig, pad_id: int
-                  ) -> dict[str, float]:
-    """One PPO-clip step over (sample, advantage) pairs; the stats, token-weighted."""
-    trained = [(s, a) for s, a in samples
-               if any(m == 1 and lp is not None for m, lp in zip(s.loss_mask, s.logprobs,
-                                                                 strict=True))]
-    if not trained:
-        raise ValueError("no sample has a trained token with a log-prob: did the model server "
-                         "return token ids and log-probs (return_token_ids, logprobs)?")
-    total = sum(sum(m == 1 and lp is not None for m, lp in zip(s.loss_mask, s.logprobs,
+def _trained_tokens(samples: Sequence[tuple[Sample, float]]) -> int:
+    return sum(sum(m == 1 and lp is not None for m, lp in zip(s.loss_mask, s.logprobs,
                                                                 strict=True))
-                for s, _ in trained)
-    model.train()
+               for s, _ in samples)
+
+
+def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    part: Sequence[tuple[Sample, float]], config: RLConfig, pad_id: int
+                    ) -> dict[str, float]:
+    """One optimizer step on ``part`` (gradient accumulated over micro-batches, the loss a
+    mean over its trained tokens); its stats, token-weighted."""
+    total = _trained_tokens(part)
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
-    for i in range(0, len(trained), config.micro_batch):
-        part = trained[i:i + config.micro_batch]
-        b = _batch(part, pad_id)
+    for i in range(0, len(part), config.micro_batch):
+        b = _batch(part[i:i + config.micro_batch], pad_id)
         mask = shift(b["mask"])
         logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"],
                                            mask=mask)
@@ -164,9 +181,41 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                              config.grad_clip))
     optimizer.step()
-    model.eval()
     sums["tokens"] = float(total)
     return sums
+
+
+def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  samples: Sequence[tuple[Sample, float]], config: RLConfig, pad_id: int
+                  ) -> dict[str, Any]:
+    """PPO on (sample, advantage) pairs: ``config.ppo_epochs`` shuffled passes, each split
+    into ``config.minibatches`` optimizer steps. Only the very first step is on-policy; after
+    it the ratio to the sampling policy leaves 1 and the clip starts to bind.
+
+    Returns the first epoch's stats at the top level (its first minibatch is the on-policy
+    check), ``epochs`` (each epoch's stats, token-weighted over its minibatches), ``tokens``
+    and ``optimizer_steps``."""
+    trained = [(s, a) for s, a in samples if _trained_tokens([(s, a)])]
+    if not trained:
+        raise ValueError("no sample has a trained token with a log-prob: did the model server "
+                         "return token ids and log-probs (return_token_ids, logprobs)?")
+    rng = random.Random(config.seed)
+    model.train()
+    epochs: list[dict[str, float]] = []
+    steps = 0
+    for _ in range(config.ppo_epochs):
+        order = list(trained)
+        rng.shuffle(order)
+        size = -(-len(order) // min(config.minibatches, len(order)))
+        parts = [_minibatch_step(model, optimizer, order[i:i + size], config, pad_id)
+                 for i in range(0, len(order), size)]
+        steps += len(parts)
+        tokens = sum(p["tokens"] for p in parts)
+        epochs.append({key: sum(p[key] * p["tokens"] for p in parts) / tokens
+                       for key in parts[0] if key != "tokens"})
+    model.eval()
+    return {**epochs[0], "epochs": epochs, "tokens": float(_trained_tokens(trained)),
+            "optimizer_steps": steps}
 
 
 def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
@@ -205,11 +254,7 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
                                                config.batch_prompts * config.oversample))
         kept, dropped = fill_batch(prompts, make_group, config.batch_prompts, filter_group)
         rollout_seconds = time.monotonic() - started
-        pairs = [(sample, advantage)
-                 for _, group in kept
-                 for rollout, advantage in zip(group, grpo_advantages([r.reward for r in group]),
-                                               strict=True)
-                 for sample in rollout.payload[1]]
+        pairs = training_pairs([group for _, group in kept])
         record: dict[str, Any] = {
             "step": step, "groups": len(kept), "dropped": [reason for _, reason in dropped],
             "modes": [g.mode for g in built],
@@ -238,4 +283,5 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
     return history
 
 
-__all__ = ["PolicySampler", "RLConfig", "policy_update", "rollout_status", "train_rl"]
+__all__ = ["PolicySampler", "RLConfig", "policy_update", "rollout_status", "train_rl",
+           "training_pairs"]
