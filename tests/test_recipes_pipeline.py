@@ -220,7 +220,8 @@ def test_branch_restores_a_step_k_times(client: SandboxClient, family: list[Task
     assert client.list_sandboxes({"test": "branch"}) == []
 
 
-@pytest.mark.parametrize("domain", [pytest.param("web", marks=needs_browser), "assistant"])
+@pytest.mark.parametrize("domain", [pytest.param("web", marks=needs_browser), "assistant",
+                                    "bugfix"])
 def test_demo_on_the_other_families(client: SandboxClient, tmp_path: Path, domain: str) -> None:
     # The assistant run is judged: its policy's rollouts of tasks with a rubric earn
     # base + 0.5 J from the scripted judge.
@@ -237,7 +238,7 @@ def test_demo_on_the_other_families(client: SandboxClient, tmp_path: Path, domai
         assert stage["rollouts"] == 2 and not stage["failures"], stage
     teacher = json.loads((tmp_path / "teacher" / "results.json").read_text())
     assert teacher["overall"]["rollouts"] == 6 and teacher["overall"]["resolved"] >= 1
-    assert results["values"]["annotated"] == 1  # a failed teacher rollout, valued by replays
+    assert results["values"]["annotated"] == 1  # a failed teacher rollout, valued by continuations
     assert results["sft_data"]["examples"] >= 1 and results["sft_data"]["resolved"] >= 1
     assert len(results["rl"]) == 1 and results["rerank"]["tasks"] == 2
     assert results["rl"][0]["mean_reward"] is not None

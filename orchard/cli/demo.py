@@ -30,7 +30,8 @@ def demo(
     rl_steps: Annotated[int, typer.Option(min=0, help="BAR RL steps after SFT.")] = 2,
     eval_n: Annotated[int, typer.Option(min=1, help="Samples per held-out task.")] = 4,
     domain: Annotated[str, typer.Option(
-        help="swe (the generated settings family, mini-swe-agent), web (the bundled web "
+        help="swe (the generated settings family, mini-swe-agent), bugfix (the bug-fix "
+             "family, whose fixes must be read in the sandbox), web (the bundled web "
              "tasks, the browser agent) or assistant (the assistant tasks, the tool-calling "
              "assistant).")] = "swe",
     judge: Annotated[str | None, typer.Option(
@@ -49,12 +50,13 @@ def demo(
 
     from orchard.recipes.demo import DemoConfig, for_assistant, for_web, pretrained, run_demo
 
-    if domain not in ("swe", "web", "assistant"):
-        raise typer.BadParameter(f"--domain is swe, web or assistant, not {domain!r}")
+    if domain not in ("swe", "bugfix", "web", "assistant"):
+        raise typer.BadParameter(f"--domain is swe, bugfix, web or assistant, not {domain!r}")
     if judge is not None and domain != "assistant":
         raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
                                  "none: add --domain assistant or drop --judge")
-    config = DemoConfig(seed=seed, eval_n=eval_n, judge=judge, judge_model=judge_model)
+    config = DemoConfig(domain="bugfix" if domain == "bugfix" else "swe", seed=seed,
+                        eval_n=eval_n, judge=judge, judge_model=judge_model)
     if domain == "web":
         config = for_web(config)
     elif domain == "assistant":

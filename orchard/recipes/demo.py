@@ -55,8 +55,9 @@ COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 
 @dataclass
 class DemoConfig:
-    domain: Literal["swe", "web", "assistant"] = "swe"
-    """swe: the generated settings family with mini-swe-agent; web: the bundled web tasks with
+    domain: Literal["swe", "bugfix", "web", "assistant"] = "swe"
+    """swe: the generated settings family with mini-swe-agent; bugfix: the bug-fix family
+    (fixes read in the sandbox) with mini-swe-agent; web: the bundled web tasks with
     the browser agent; assistant: the assistant tasks with the tool-calling assistant (see
     domains.py). Web and assistant Monte-Carlo continuations replay each state."""
     n_train: int = 128

@@ -9,7 +9,7 @@ on a recorded rollout, and what a value model reads of a rollout.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -27,6 +27,7 @@ from orchard.rollout.policies import Policy, Reply, ToolCall
 from orchard.tasks.assistant import load_assistant_tasks
 from orchard.tasks.assistant.judge import RubricJudge
 from orchard.tasks.assistant.teacher import hedged_assistant_teacher
+from orchard.tasks.bugfix_family import bugfix_family
 from orchard.tasks.family import settings_family
 from orchard.tasks.model import Task
 from orchard.tasks.web import load_web_tasks
@@ -71,17 +72,20 @@ def hedged_teacher(tasks: Sequence[Task], solve: float, seed: int) -> Policy:
     return policy
 
 
-class SettingsFamily:
-    """Software engineering: the generated settings family with mini-swe-agent."""
+class SweFamily:
+    """Software engineering with mini-swe-agent: a generated family, ``settings_family`` (the
+    right value is in the issue; a tiny model learns it) or ``bugfix_family`` (the right value
+    must be read in the sandbox)."""
 
     text_of: Literal["patch", "trajectory"] = "patch"
     replays = False
 
-    def __init__(self, agent_config: dict[str, Any]) -> None:
-        self.agent_config = agent_config
+    def __init__(self, agent_config: dict[str, Any],
+                 generate: Callable[[int, int, int], list[Task]] = settings_family) -> None:
+        self.agent_config, self.generate = agent_config, generate
 
     def tasks(self, n_train: int, n_test: int, seed: int) -> list[Any]:
-        return list(settings_family(n_train, n_test, seed))
+        return list(self.generate(n_train, n_test, seed))
 
     def teacher(self, train: Sequence[Any], solve: float) -> Harness:
         return TeacherHarness(train, solve=solve, config=self.agent_config)
@@ -155,5 +159,7 @@ def demo_domain(name: str, agent_config: dict[str, Any], *,
     if name == "assistant":
         return AssistantFamily(judge)
     if name == "swe":
-        return SettingsFamily(agent_config)
-    raise ValueError(f"no demo domain {name!r}: swe, web or assistant")
+        return SweFamily(agent_config)
+    if name == "bugfix":
+        return SweFamily(agent_config, bugfix_family)
+    raise ValueError(f"no demo domain {name!r}: swe, bugfix, web or assistant")

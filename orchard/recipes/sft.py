@@ -32,6 +32,7 @@ import torch
 
 from orchard.recipes.loss import masked_nll, pad_id_of, pad_right, shift, token_logprobs
 from orchard.recipes.trajectories import Trajectory
+from orchard.rollout.tokenizer import apply_template
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -90,8 +91,7 @@ def tokenize_conversation(
     tools = tools or None
 
     def render(msgs: list[dict[str, Any]], generation_prompt: bool = False) -> str:
-        return tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False,
-                                             add_generation_prompt=generation_prompt)
+        return apply_template(tokenizer, msgs, tools, generation_prompt=generation_prompt)
 
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     wanted = sorted(set(trained_steps))
@@ -122,8 +122,8 @@ def tokenize_conversation(
 
     encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(encoded["input_ids"])
-    templated = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
-                                              return_dict=False)
+    templated = apply_template(tokenizer, messages, tools, generation_prompt=False,
+                               tokenize=True)
     if ids != list(templated):
         raise ChatTemplateError("tokenizing the rendered conversation does not give the ids "
                                 "the chat template's own tokenization gives")

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from orchard.rollout.tokenizer import load_tokenizer
+from orchard.rollout.tokenizer import apply_template, load_tokenizer
 
 # Sampling parameters with the same meaning on both endpoints.
 _PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
@@ -44,8 +44,7 @@ class ChatRenderer:
         messages = chat.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RenderError("'messages' must be a non-empty list")
-        text = self.tok.apply_chat_template(messages, tools=chat.get("tools"),
-                                            add_generation_prompt=True, tokenize=False)
+        text = apply_template(self.tok, messages, chat.get("tools"), generation_prompt=True)
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def completion_request(self, chat: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:

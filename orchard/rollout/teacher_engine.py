@@ -19,7 +19,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 
 from orchard.rollout.policies import Messages, Policy, PolicyError, Reply, Tools, as_reply
-from orchard.rollout.tokenizer import token_bytes
+from orchard.rollout.tokenizer import apply_template, token_bytes
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,7 @@ class Engine:
         return self._token_cache[token_id]
 
     def _render(self, messages: Messages, tools: Tools, gen: bool) -> str:
-        return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
-                                            add_generation_prompt=gen)
+        return apply_template(self.tok, messages, tools, generation_prompt=gen)
 
     def _ask(self, messages: Messages, tools: Tools) -> Reply:
         try:
@@ -164,9 +163,8 @@ class Engine:
             raise TeacherError(400, "tools must be a list")
         seen = _drifted(messages) if self.drift else messages
         with self._lock:
-            prompt_ids = self.tok.apply_chat_template(seen, tools=tools, tokenize=True,
-                                                      add_generation_prompt=True,
-                                                      return_dict=False)
+            prompt_ids = apply_template(self.tok, seen, tools, generation_prompt=True,
+                                        tokenize=True)
         reply = self._ask(messages, tools)
         return self._complete(body, prompt_ids, seen, tools, reply)
 

@@ -10,11 +10,13 @@ Regenerate the committed files with
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -105,6 +107,66 @@ def load_tokenizer(path_or_name: str | Path) -> PreTrainedTokenizerFast:
         raise TypeError(f"{path_or_name} has no fast (tokenizers-backed) tokenizer; "
                         f"got {type(tokenizer).__name__}")
     return tokenizer
+
+
+def template_messages(messages: list[dict[str, Any]],
+                      tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+    """``messages`` as ``tokenizer``'s chat template must get them. The OpenAI wire carries a
+    tool call's ``arguments`` as a JSON string. A template that writes a string as it is (Qwen3's,
+    ours) gets it unchanged, so the model reads back exactly the characters it wrote. One that
+    writes ``arguments | tojson`` whatever they are (Qwen2.5's) would encode the string a second
+    time, so it gets a dict. Arguments that are not a JSON object stay as they are."""
+    if not _encodes_strings_twice(tokenizer.chat_template or ""):
+        return messages
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls:
+            m = {**m, "tool_calls": [_decoded(c) for c in calls]}
+        out.append(m)
+    return out
+
+
+_PROBE_ARGS = json.dumps({"probe": 1})
+
+
+@functools.lru_cache(maxsize=32)
+def _encodes_strings_twice(template: str) -> bool:
+    """Whether ``template`` turns a string of arguments into a JSON string literal."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "p", "type": "function", "function": {"name": "f", "arguments": _PROBE_ARGS}}]}]
+    try:
+        rendered, _ = render_jinja_template([probe], chat_template=template)
+    except Exception:  # a template that cannot render the probe is left to fail on its own
+        return False
+    return json.dumps(_PROBE_ARGS) in rendered[0]
+
+
+def _decoded(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    args = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(args, str):
+        return call
+    try:
+        value = json.loads(args)
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": value}} if isinstance(value, dict) \
+        else call
+
+
+def apply_template(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None, *, generation_prompt: bool,
+                   tokenize: bool = False) -> Any:
+    """The tokenizer's chat template over ``messages`` (see ``template_messages``): the text,
+    or with ``tokenize`` the token ids. Everything that renders chat goes through here, so the
+    proxy, the teacher and SFT agree on what the model read."""
+    kwargs: dict[str, Any] = {"return_dict": False} if tokenize else {}
+    return tokenizer.apply_chat_template(template_messages(messages, tokenizer), tools=tools,
+                                         tokenize=tokenize,
+                                         add_generation_prompt=generation_prompt, **kwargs)
 
 
 def _corpus() -> list[str]:

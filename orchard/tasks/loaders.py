@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from orchard.tasks.bundled_data import bundled_dir
 from orchard.tasks.model import RepoSource, Task
 
-NAMED_SETS = ("bundled", "humaneval", "settings")
+NAMED_SETS = ("bundled", "humaneval", "settings", "bugfix")
 # The reference pipeline's metadata names for Task fields.
 _ALIASES = {"image_url": "image"}
 
@@ -33,7 +33,8 @@ class TaskLoadError(ValueError):
 def load_tasks(source: str | Path | None = None, *, split: str | None = None,
                ids: Iterable[str] | None = None) -> list[Task]:
     """Load a task set: ``None`` or ``"bundled"`` (the set shipped with Orchard),
-    ``"humaneval"``, ``"settings"`` (the generated family of the training demo), or a path
+    ``"humaneval"``, ``"settings"`` (the generated family of the tiny-model demo), ``"bugfix"``
+    (the generated family whose fixes must be read in the sandbox), or a path
     (.json, .jsonl, .parquet, a saved dataset, a task directory or a directory of them).
     ``split`` keeps tasks of that split (a saved DatasetDict is split by its own keys); ``ids``
     keeps those instance ids, in the set's order."""
@@ -48,6 +49,10 @@ def load_tasks(source: str | Path | None = None, *, split: str | None = None,
         from orchard.tasks.family import settings_family
 
         tasks = settings_family()
+    elif name == "bugfix":
+        from orchard.tasks.bugfix_family import bugfix_family
+
+        tasks = bugfix_family()
     else:
         path = Path(name).expanduser()
         if not path.exists():
