@@ -325,3 +325,35 @@ def test_an_observation_target_does_not_move_the_loss(tok, trained: SimpleNamesp
     changed_action = loss_with_last_tokens(other, ids[0, -1].item())
     assert torch.equal(changed_observation, base)
     assert abs(changed_action.item() - base.item()) > 1e-3
+
+
+def test_lora_trains_the_adapters_only_and_is_served_merged(tok,
+                                                           examples: list[SFTExample]) -> None:
+    from orchard.recipes.models import served_weights, with_lora
+    from orchard.recipes.serving import PolicyServer
+
+    base = tiny_llama(tok, hidden_size=64, layers=2, heads=4)
+    frozen = {k: v.clone() for k, v in base.state_dict().items()}
+    served = tiny_llama(tok, hidden_size=64, layers=2, heads=4).eval()
+    model = with_lora(base, 8)
+    before = full_loss(model, examples)
+    # The adapters start as a no-op (B = 0): served weights are the base's.
+    assert all(torch.equal(served_weights(model)[k], v) for k, v in frozen.items())
+    sft_train(model, examples, SFTConfig(lr=1e-2, epochs=12, batch_size=2, warmup=5))
+    model.eval()
+    # Embeddings and the head stay frozen, so a random-init model learns less than in full.
+    assert full_loss(model, examples) < before * 0.95
+    weights = served_weights(model)
+    assert weights.keys() == frozen.keys()
+    # The base is untouched; the served weights carry the adapters' deltas.
+    trained_base = {k.replace(".base_layer.", "."): v
+                    for k, v in model.get_base_model().state_dict().items() if "lora_" not in k}
+    assert all(torch.equal(trained_base[k], v) for k, v in frozen.items())
+    assert any(not torch.equal(weights[k], v) for k, v in frozen.items())
+    # The server takes the LoRA model itself and then computes what it computes.
+    with PolicyServer(served, tok) as server:
+        assert server.update(model) == 1
+        ids = torch.tensor([examples[0].input_ids[:40]])
+        with torch.no_grad():
+            assert torch.allclose(server.engine.model(ids).logits, model(ids).logits,
+                                  atol=1e-5)

@@ -34,6 +34,11 @@ def demo(
              "family, whose fixes must be read in the sandbox), web (the bundled web "
              "tasks, the browser agent) or assistant (the assistant tasks, the tool-calling "
              "assistant).")] = "swe",
+    device: Annotated[str | None, typer.Option(
+        help="Where the policy and value model train and the policy is served: cpu, cuda, "
+             "cuda:1 (default: cuda when there is one, else cpu).", show_default=False)] = None,
+    lora_rank: Annotated[int, typer.Option(
+        min=0, help="0: full fine-tuning; else train LoRA adapters of this rank (peft).")] = 0,
     judge: Annotated[str | None, typer.Option(
         help="Assistant domain: score the policy's rollouts against their rubrics, so BAR "
              "trains on base + 0.5 J. 'scripted' (a keyword judge served locally) or an "
@@ -56,7 +61,8 @@ def demo(
         raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
                                  "none: add --domain assistant or drop --judge")
     config = DemoConfig(domain="bugfix" if domain == "bugfix" else "swe", seed=seed,
-                        eval_n=eval_n, judge=judge, judge_model=judge_model)
+                        eval_n=eval_n, judge=judge, judge_model=judge_model, device=device,
+                        lora_rank=lora_rank)
     if domain == "web":
         config = for_web(config)
     elif domain == "assistant":

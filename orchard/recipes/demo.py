@@ -39,7 +39,7 @@ from orchard.eval.harness import Harness
 from orchard.eval.runner import RunConfig
 from orchard.recipes.bar import BARConfig
 from orchard.recipes.domains import demo_domain
-from orchard.recipes.models import load_policy, tiny_llama
+from orchard.recipes.models import load_policy, tiny_llama, with_lora
 from orchard.recipes.montecarlo import MonteCarloAnnotator
 from orchard.recipes.rerank import ValueModel, ValueModelConfig, rerank_run, training_examples
 from orchard.recipes.rl import RLConfig, train_rl
@@ -97,6 +97,12 @@ class DemoConfig:
     """torch intra-op threads while sandboxes run (serving, RL)."""
     sft_threads: int | None = None
     """torch intra-op threads for SFT, when nothing else runs; None: every core."""
+    device: str | None = None
+    """Where the policy trains and is served ("cpu", "cuda", "cuda:1"); None: cuda when there
+    is one, else cpu. The value model follows it."""
+    lora_rank: int = 0
+    """0: full fine-tuning; else SFT and RL train LoRA adapters of this rank (peft) on every
+    linear layer, and the server serves the merged weights."""
     judge: str | None = None
     """Assistant domain: a rubric judge for the policy's rollouts (evaluation and RL), whose
     reward base + 0.5 J gives BAR's advantages. "scripted": ``keyword_judge`` on a local
@@ -223,7 +229,7 @@ class Demo:
         rollouts of training tasks only (the teacher's and RL's), against a random and an
         oracle pick."""
         runs = [self.out / "teacher", *sorted((self.out / "rl").glob("step-*/round-*"))]
-        value = ValueModel.tiny(tokenizer, self.config.value)
+        value = ValueModel.tiny(tokenizer, replace(self.config.value, device=self.device))
         text_of = self.domain.text_of
         fit = value.train(training_examples(runs, self.train, text_of=text_of))
         report = rerank_run(self.out / "eval-sft_rl", self.test, value, text_of=text_of)
@@ -271,13 +277,22 @@ class Demo:
             # itself, so at a pretrained model's learning rates most AdamW steps would round
             # away. The server's copy is float32 too, so sampled and trained log-probs agree.
             model, tokenizer = load_policy(cfg.model, dtype=torch.float32)
-        self.results["model"] = {"name": cfg.model or "tiny-llama (random init)",
-                                 "parameters": sum(p.numel() for p in model.parameters())}
+        device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = str(device)
+        model = model.to(device)
         run = self._timed("teacher", self.teacher)
         segments = self._timed("values", lambda: self.values(run))
         examples = self._timed("sft_data", lambda: self.sft_data(run, segments, tokenizer))
         # The server holds its own copy: generation never sees weights mid-update.
         served = _copy(model)
+        if cfg.lora_rank:
+            model = with_lora(model, cfg.lora_rank)
+        self.results["model"] = {
+            "name": cfg.model or "tiny-llama (random init)", "device": str(device),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "parameters": sum(p.numel() for p in served.parameters()),
+            "trained_parameters": sum(p.numel() for p in model.parameters()
+                                      if p.requires_grad), "lora_rank": cfg.lora_rank}
         with PolicyServer(served, tokenizer, seed=cfg.seed) as server:
             self._timed("eval_base", lambda: self.evaluate_policy(server, "base"))
             torch.set_num_threads(cfg.sft_threads or len(os.sched_getaffinity(0)))
@@ -313,9 +328,10 @@ class Demo:
 
 
 def _copy(model: torch.nn.Module) -> torch.nn.Module:
+    first = next(model.parameters())
     clone = type(model)(model.config)
     clone.load_state_dict(model.state_dict())
-    return clone.to(next(model.parameters()).dtype).eval()
+    return clone.to(device=first.device, dtype=first.dtype).eval()
 
 
 def _median(values: Any) -> float:

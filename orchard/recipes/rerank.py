@@ -130,6 +130,8 @@ class ValueModelConfig:
     """Backbone width of :meth:`ValueModel.tiny` (a multiple of 16: heads of 16)."""
     layers: int = 2
     """Backbone depth of :meth:`ValueModel.tiny`."""
+    device: str | None = None
+    """Where it trains and scores; None: cuda when there is one, else cpu."""
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "epochs", "batch_size", "hidden_size", "layers"):
@@ -155,7 +157,8 @@ class ValueModel:
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token first")
         model.config.pad_token_id = tokenizer.pad_token_id
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available()
+                                                     else "cpu"))
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.config = config

@@ -163,10 +163,11 @@ def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """One optimizer step on ``part`` (gradient accumulated over micro-batches, the loss a
     mean over its trained tokens); its stats, token-weighted."""
     total = _trained_tokens(part)
+    device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
     for i in range(0, len(part), config.micro_batch):
-        b = _batch(part[i:i + config.micro_batch], pad_id)
+        b = {k: v.to(device) for k, v in _batch(part[i:i + config.micro_batch], pad_id).items()}
         mask = shift(b["mask"])
         logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"],
                                            mask=mask)
@@ -178,8 +179,8 @@ def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         weight = mask.sum().item() / total
         for key, value in {"loss": loss.item() / weight, **stats}.items():
             sums[key] = sums.get(key, 0.0) + value * weight
-    sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                             config.grad_clip))
+    sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+        [p for p in model.parameters() if p.requires_grad], config.grad_clip))
     optimizer.step()
     sums["tokens"] = float(total)
     return sums
@@ -232,7 +233,9 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
     pad_id = pad_id_of(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
+    # Only what trains: with LoRA, the adapters.
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=config.lr, weight_decay=0.0)
     harness = harness or MiniSweAgentHarness(server.url, server.engine.model_name,
                                              config=agent_config, render_with=render_with)
     history: list[dict[str, Any]] = []

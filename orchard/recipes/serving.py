@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from orchard.recipes.models import load_policy
+from orchard.recipes.models import load_policy, served_weights
 from orchard.rollout.openai_wire import envelope, error_body, usage
 from orchard.rollout.tokenizer import token_bytes
 from orchard.serving import ThreadedServer
@@ -133,7 +133,8 @@ class PolicyEngine:
     def update(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> int:
         """Copy in new weights (a model of the same architecture, or its state dict) once the
         generation in flight is done; returns the new weights version."""
-        state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+        # A LoRA model is served merged: the server holds plain weights.
+        state = served_weights(weights) if isinstance(weights, torch.nn.Module) else weights
         with self._lock:
             current = self.model.state_dict()
             # Checked first: load_state_dict copies what fits before it reports what does not.
