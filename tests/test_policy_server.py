@@ -270,6 +270,38 @@ def test_update_waits_for_the_generations_in_flight(tok: PreTrainedTokenizerFast
         assert len(answers) == 4 and all(a in (old, new) for a in answers)
 
 
+def test_concurrent_requests_decode_as_one_batch_and_answer_as_alone(
+        tok: PreTrainedTokenizerFast, model: LlamaForCausalLM, prompt: list[int]) -> None:
+    # Prompts of different lengths, sampled (not greedy) with their own seeds and limits.
+    bodies = [{"prompt": prompt[:n], "max_tokens": m, "seed": 10 + i, "temperature": 1.0,
+               "ignore_eos": True, "logprobs": 0, "return_token_ids": True}
+              for i, (n, m) in enumerate([(len(prompt), 16), (9, 5), (23, 12), (4, 16)])]
+    with PolicyServer(model, tok, max_batch=1) as alone:
+        expected = [complete(alone.url, **b)["choices"][0] for b in bodies]
+        assert alone.engine.batcher.batches == 4
+    with PolicyServer(model, tok, max_batch=4) as server:
+        batcher = server.engine.batcher
+        with batcher.lock:  # hold the first batch back until all four are waiting
+            answers: dict[int, dict] = {}
+            threads = [threading.Thread(target=lambda i=i, b=b: answers.update(
+                {i: complete(server.url, **b)["choices"][0]})) for i, b in enumerate(bodies)]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 30
+            # The batcher holds the first job while it waits for the lock; three wait queued.
+            while batcher._queue.qsize() < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        for t in threads:
+            t.join()
+    assert (batcher.batches, batcher.jobs) == (1, 4)
+    for i, want in enumerate(expected):
+        got = answers[i]
+        assert got["token_ids"] == want["token_ids"] and len(got["token_ids"]) == \
+            bodies[i]["max_tokens"]
+        assert got["logprobs"]["token_logprobs"] == pytest.approx(
+            want["logprobs"]["token_logprobs"], abs=1e-4)
+
+
 def test_load_weights_from_a_saved_folder_over_http(tok: PreTrainedTokenizerFast, prompt: list[int],
                                                     tmp_path: Path) -> None:
     step = save_policy(eos_lover(tok), tok, tmp_path / "step-1")

@@ -21,12 +21,17 @@ so the trainer must compute its new ones the same way (raw logits, same dtype: b
 differ between a cached and a full forward by more than float32 ones); sampling at a temperature
 other than 1 or with top-p/top-k makes the behaviour policy differ from these log-probs.
 
+Requests that overlap decode together (orchard/recipes/batching.py): up to ``max_batch`` (8)
+waiting requests form one batch, each row with its own sampling settings and seed, and each
+answers what it would alone, up to float error. ``max_batch=1`` decodes one at a time.
+
 Weights change between RL steps: :meth:`PolicyServer.update` (in-process) or
 `POST /v1/load_weights {"path": DIR}` (a trainer in another process saves a model folder, see
 orchard/recipes/models.py) swap them once the generation in flight is done, and bump the
-`weights_version` that `GET /v1/weights` and `/v1/models` report. On GPUs, vLLM and SGLang take
-new weights through their own APIs instead (vLLM: `/collective_rpc` to reload, or a restart on
-the new checkpoint; SGLang: `/update_weights_from_disk`).
+`weights_version` that `GET /v1/weights` and `/v1/models` report; no batch sees two
+versions. On GPUs, vLLM and SGLang take new weights through their own APIs instead (vLLM:
+`/collective_rpc` to reload, or a restart on the new checkpoint; SGLang:
+`/update_weights_from_disk`).
 
     with PolicyServer(tiny_llama(tok), tok) as server:
         proxy = ProxySettings(upstreams=[server.url], store=..., render_with=TOKENIZER_DIR)
@@ -41,7 +46,6 @@ import codecs
 import random
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +57,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from orchard.recipes.batching import Batcher, Generation, Job
+from orchard.recipes.loss import pad_id_of
 from orchard.recipes.models import load_policy, served_weights
 from orchard.rollout.openai_wire import envelope, error_body, usage
 from orchard.rollout.tokenizer import token_bytes
@@ -95,22 +101,13 @@ class CompletionRequest(BaseModel):
     return_token_ids: bool | None = None
 
 
-@dataclass
-class _Generation:
-    ids: list[int]
-    logprobs: list[float]
-    top: list[list[tuple[int, float]]]  # per token: the top-n (id, log-prob), when asked
-    finish_reason: str
-    stop_reason: int | None
-
-
 class PolicyEngine:
-    """The model and its tokenizer behind a lock: one generation at a time, and weight updates
-    between generations."""
+    """The model and its tokenizer: requests decoded in batches of up to ``max_batch``
+    (``batching.Batcher``; 1 decodes them one at a time), weight updates between batches."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, *,
                  model_name: str = "policy", max_new_tokens_limit: int = 1024,
-                 seed: int = 0) -> None:
+                 seed: int = 0, max_batch: int = 8) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS (end-of-turn) token to stop at")
         if max_new_tokens_limit < 1:
@@ -124,9 +121,13 @@ class PolicyEngine:
         self.max_positions: int = model.config.max_position_embeddings
         self.weights_version = 0
         self.loaded_from: str | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the tokenizer is not safe to share between threads
         # Seeds for requests that bring none: the server's seed makes a run repeatable.
         self._seeds = random.Random(seed)
+        self.batcher = Batcher(self.model, pad_id_of(self.model), max_batch=max_batch)
+
+    def close(self) -> None:
+        self.batcher.close()
 
     # --- weights ---
 
@@ -135,7 +136,7 @@ class PolicyEngine:
         generation in flight is done; returns the new weights version."""
         # A LoRA model is served merged: the server holds plain weights.
         state = served_weights(weights) if isinstance(weights, torch.nn.Module) else weights
-        with self._lock:
+        with self.batcher.lock:
             current = self.model.state_dict()
             # Checked first: load_state_dict copies what fits before it reports what does not.
             missing = sorted(current.keys() - state.keys())
@@ -193,11 +194,13 @@ class PolicyEngine:
             raise RequestError(f"stop_token_ids must be in [0, {self.vocab_size}); got {bad[:5]}")
         if not req.ignore_eos:
             stop.add(self.tokenizer.eos_token_id)
-        with self._lock:  # the tokenizer, too, is not safe to share between threads
+        with self._lock:
             prompt = self._prompt_ids(body.get("prompt"))
             seed = req.seed if req.seed is not None else self._seeds.getrandbits(63)
-            gen = self._generate(prompt, self._max_tokens(req.max_tokens, len(prompt)), stop,
-                                 req, seed)
+            job = Job(prompt, self._max_tokens(req.max_tokens, len(prompt)), stop,
+                      None if req.ignore_eos else self.tokenizer.eos_token_id, req, seed)
+        gen = self.batcher.submit(job)
+        with self._lock:
             return self._response(prompt, gen, req)
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
@@ -235,34 +238,7 @@ class PolicyEngine:
                                f"{wanted} more; lower max_tokens or shorten the prompt")
         return wanted
 
-    @torch.no_grad()
-    def _generate(self, prompt: list[int], max_tokens: int, stop: set[int],
-                  req: CompletionRequest, seed: int) -> _Generation:
-        device = self.model.device
-        rng = torch.Generator(device=device).manual_seed(seed)
-        inputs = torch.tensor([prompt], device=device)
-        cache = None
-        ids: list[int] = []
-        logprobs: list[float] = []
-        top: list[list[tuple[int, float]]] = []
-        for _ in range(max_tokens):
-            out = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1)
-            cache = out.cache
-            logits = out.logits[0, -1].float()
-            raw = torch.log_softmax(logits, dim=-1)
-            token = _sample(logits, req, rng)
-            ids.append(token)
-            logprobs.append(raw[token].item())
-            if req.logprobs:
-                values, indices = raw.topk(req.logprobs)
-                top.append(list(zip(indices.tolist(), values.tolist(), strict=True)))
-            if token in stop:
-                eos = token == self.tokenizer.eos_token_id and not req.ignore_eos
-                return _Generation(ids, logprobs, top, "stop", None if eos else token)
-            inputs = torch.tensor([[token]], device=device)
-        return _Generation(ids, logprobs, top, "length", None)
-
-    def _response(self, prompt: list[int], gen: _Generation,
+    def _response(self, prompt: list[int], gen: Generation,
                   req: CompletionRequest) -> dict[str, Any]:
         shown = gen.ids[:-1] if gen.finish_reason == "stop" else gen.ids
         text = self.tokenizer.decode(shown, skip_special_tokens=True)
@@ -277,7 +253,7 @@ class PolicyEngine:
         return {**envelope("text_completion", self.model_name), "choices": [choice],
                 "usage": usage(len(prompt), len(gen.ids))}
 
-    def _logprobs(self, gen: _Generation, shown: int, text_len: int) -> dict[str, Any]:
+    def _logprobs(self, gen: Generation, shown: int, text_len: int) -> dict[str, Any]:
         tok = self.tokenizer
         # A byte-level token may end inside a UTF-8 character, whose text comes with the next.
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -292,23 +268,6 @@ class PolicyEngine:
             tops.append({tok.decode([t]): gen.logprobs[i], **entry})
         return {"tokens": [tok.decode([t]) for t in gen.ids], "token_logprobs": gen.logprobs,
                 "top_logprobs": tops, "text_offset": offsets}
-
-
-def _sample(logits: torch.Tensor, req: CompletionRequest, rng: torch.Generator) -> int:
-    temperature = 1.0 if req.temperature is None else req.temperature
-    if temperature == 0:
-        return int(logits.argmax())
-    logits = logits / temperature
-    if req.top_k and 0 < req.top_k < logits.numel():
-        logits = logits.masked_fill(logits < logits.topk(req.top_k).values[-1], float("-inf"))
-    if req.top_p is not None and req.top_p < 1:
-        sorted_logits, order = logits.sort(descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # Keep the most likely tokens up to and including the one that reaches top_p.
-        beyond = probs.cumsum(dim=-1) - probs >= req.top_p
-        logits = logits.clone()
-        logits[order[beyond]] = float("-inf")
-    return int(torch.multinomial(logits.softmax(dim=-1), 1, generator=rng))
 
 
 # --- the app ------------------------------------------------------------------------------------
@@ -369,9 +328,10 @@ class PolicyServer(ThreadedServer):
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, *,
                  model_name: str = "policy", max_new_tokens_limit: int = 1024,
-                 seed: int = 0) -> None:
+                 seed: int = 0, max_batch: int = 8) -> None:
         self.engine = PolicyEngine(model, tokenizer, model_name=model_name,
-                                   max_new_tokens_limit=max_new_tokens_limit, seed=seed)
+                                   max_new_tokens_limit=max_new_tokens_limit, seed=seed,
+                                   max_batch=max_batch)
         super().__init__(create_policy_app(self.engine), name="orchard-policy")
 
     def update(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> int:
@@ -382,6 +342,10 @@ class PolicyServer(ThreadedServer):
     @property
     def weights_version(self) -> int:
         return self.engine.weights_version
+
+    def stop(self) -> None:
+        super().stop()
+        self.engine.close()
 
     def __enter__(self) -> PolicyServer:
         self.start()
