@@ -136,9 +136,16 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _batch(samples: Sequence[tuple[Sample, float]], pad_id: int
+# An advantage per rollout (GRPO), or per token aligned with the sample's input_ids (on-policy
+# distillation's dense reward).
+Advantage = float | Sequence[float]
+
+
+def _batch(samples: Sequence[tuple[Sample, Advantage]], pad_id: int
            ) -> dict[str, torch.Tensor]:
     rows = [s for s, _ in samples]
+    advantages = [list(a) if isinstance(a, Sequence) else [float(a)] * len(s.input_ids)
+                  for s, a in samples]
     # A trained token needs the log-prob it was sampled with: without one there is no
     # importance ratio, so it is left out rather than guessed.
     mask = [[m == 1 and lp is not None for m, lp in zip(s.loss_mask, s.logprobs, strict=True)]
@@ -148,17 +155,17 @@ def _batch(samples: Sequence[tuple[Sample, float]], pad_id: int
             "mask": pad_right(mask, False, torch.bool),
             "old": pad_right([[lp if lp is not None else 0.0 for lp in s.logprobs]
                               for s in rows], 0.0, torch.float32),
-            "advantages": torch.tensor([a for _, a in samples], dtype=torch.float32)}
+            "advantages": pad_right(advantages, 0.0, torch.float32)}
 
 
-def _trained_tokens(samples: Sequence[tuple[Sample, float]]) -> int:
+def _trained_tokens(samples: Sequence[tuple[Sample, Advantage]]) -> int:
     return sum(sum(m == 1 and lp is not None for m, lp in zip(s.loss_mask, s.logprobs,
                                                                 strict=True))
                for s, _ in samples)
 
 
 def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    part: Sequence[tuple[Sample, float]], config: RLConfig, pad_id: int
+                    part: Sequence[tuple[Sample, Advantage]], config: RLConfig, pad_id: int
                     ) -> dict[str, float]:
     """One optimizer step on ``part`` (gradient accumulated over micro-batches, the loss a
     mean over its trained tokens); its stats, token-weighted."""
@@ -172,7 +179,7 @@ def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"],
                                            mask=mask)
         loss, stats = ppo_clip_loss(
-            logprobs, shift(b["old"]), b["advantages"], mask, clip_low=config.clip_low,
+            logprobs, shift(b["old"]), shift(b["advantages"]), mask, clip_low=config.clip_low,
             clip_high=config.clip_high, entropy=entropy, entropy_coef=config.entropy_coef,
             num_tokens=total)
         loss.backward()
@@ -187,10 +194,11 @@ def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                  samples: Sequence[tuple[Sample, float]], config: RLConfig, pad_id: int
+                  samples: Sequence[tuple[Sample, Advantage]], config: RLConfig, pad_id: int
                   ) -> dict[str, Any]:
-    """PPO on (sample, advantage) pairs: ``config.ppo_epochs`` shuffled passes, each split
-    into ``config.minibatches`` optimizer steps. Only the very first step is on-policy; after
+    """PPO on (sample, advantage) pairs, an advantage per sample or per token:
+    ``config.ppo_epochs`` shuffled passes, each split into ``config.minibatches`` optimizer
+    steps. Only the very first step is on-policy; after
     it the ratio to the sampling policy leaves 1 and the clip starts to bind.
 
     Returns the first epoch's stats at the top level (its first minibatch is the on-policy
@@ -286,5 +294,5 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
     return history
 
 
-__all__ = ["PolicySampler", "RLConfig", "policy_update", "rollout_status", "train_rl",
-           "training_pairs"]
+__all__ = ["Advantage", "PolicySampler", "RLConfig", "policy_update", "rollout_status",
+           "train_rl", "training_pairs"]
