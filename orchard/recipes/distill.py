@@ -31,7 +31,7 @@ from orchard.env.client import SandboxClient
 from orchard.eval.harness import AnyTask, Harness
 from orchard.recipes.loss import pad_id_of, token_logprobs
 from orchard.recipes.rl import PolicySampler, RLConfig, policy_update
-from orchard.recipes.serving import PolicyServer
+from orchard.recipes.weight_sync import ServesWeights
 from orchard.rollout.samples import Sample
 
 
@@ -82,7 +82,7 @@ def distill_step(student: torch.nn.Module, teacher: torch.nn.Module,
 
 
 def train_distill(student: torch.nn.Module, teacher: torch.nn.Module,
-                  tasks: Sequence[AnyTask], client: SandboxClient, server: PolicyServer,
+                  tasks: Sequence[AnyTask], client: SandboxClient, server: ServesWeights,
                   harness: Harness, out: Path, config: RLConfig, *, rollouts_per_step: int = 4,
                   on_step: Callable[[dict[str, Any]], None] | None = None
                   ) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from orchard.recipes.bar import (
 )
 from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.serving import PolicyServer
+from orchard.recipes.weight_sync import ServesWeights
 from orchard.rollout.samples import Sample, build_samples
 
 # How a harness's exit maps to BAR's statuses. A rollout that failed (environment, model,
@@ -228,24 +229,30 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
-             client: SandboxClient, server: PolicyServer, out: Path, config: RLConfig, *,
+             client: SandboxClient, server: ServesWeights, out: Path, config: RLConfig, *,
              render_with: str | Path, agent_config: Mapping[str, Any] | None = None,
              harness: Harness | None = None,
              on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """``config.steps`` BAR RL steps on ``tasks``; ``server`` serves ``model`` and gets its new
-    weights after each step. The rollouts are mini-swe-agent's on ``server`` unless another
-    ``harness`` (calling ``server``) is given, e.g. the browser agent for web tasks. Returns one
-    record per step (also appended to out/rl.jsonl)."""
+    weights after each step (a ``PolicyServer``, or an external engine's ``FolderSync``). The
+    rollouts are mini-swe-agent's on a ``PolicyServer`` unless another ``harness`` (calling
+    the engine) is given, e.g. the browser agent for web tasks. Returns one record per step
+    (also appended to out/rl.jsonl)."""
     if not tasks:
         raise ValueError("RL needs at least one task")
+    if harness is None and not isinstance(server, PolicyServer):
+        raise ValueError("with an external engine, give the harness that samples from it "
+                         "(harness=MiniSweAgentHarness(url, model, render_with=...))")
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
     pad_id = pad_id_of(model)
     # Only what trains: with LoRA, the adapters.
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=0.0)
-    harness = harness or MiniSweAgentHarness(server.url, server.engine.model_name,
-                                             config=agent_config, render_with=render_with)
+    if harness is None:
+        assert isinstance(server, PolicyServer)
+        harness = MiniSweAgentHarness(server.url or "", server.engine.model_name,
+                                      config=agent_config, render_with=render_with)
     history: list[dict[str, Any]] = []
     for step in range(config.steps):
         started = time.monotonic()
