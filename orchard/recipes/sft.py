@@ -35,6 +35,7 @@ from orchard.recipes.trajectories import Trajectory
 from orchard.rollout.tokenizer import apply_template
 
 if TYPE_CHECKING:
+    from accelerate import Accelerator
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
 
@@ -301,15 +302,25 @@ def sft_loss(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: to
 
 
 def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SFTConfig, *,
-              on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+              on_step: Callable[[dict[str, Any]], None] | None = None,
+              accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
     """Train ``model`` in place on ``examples``; returns one metrics dict per optimizer step:
     step, epoch, loss, tokens (non-pad tokens in the batch), trained_tokens, tokens_per_s, lr,
-    grad_norm. ``on_step`` gets each dict as it is made."""
+    grad_norm. ``on_step`` gets each dict as it is made.
+
+    With an ``accelerator`` (run under ``accelerate launch``), each process takes its share of
+    every batch (rows rank, rank + world, ...), and the gradients are averaged across processes
+    before each step, so all of them hold the same weights; the metrics are this process's."""
     if not examples:
         raise ValueError("no examples to train on")
     torch.manual_seed(config.seed)
     order_rng = random.Random(config.seed)
-    device = next(model.parameters()).device
+    rank, world = ((accelerator.process_index, accelerator.num_processes)
+                   if accelerator is not None else (0, 1))
+    if config.batch_size < world:
+        raise ValueError(f"batch_size {config.batch_size} gives some of the {world} processes "
+                         "no rows: make it at least the number of processes")
+    device = accelerator.device if accelerator is not None else next(model.parameters()).device
     pad_id = pad_id_of(model)
     per_epoch = math.ceil(len(examples) / config.batch_size)
     total = config.epochs * per_epoch
@@ -322,6 +333,8 @@ def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SF
                "weight_decay": config.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=config.lr)
+    if accelerator is not None:
+        model, optimizer = accelerator.prepare(model, optimizer)
 
     model.train()
     history: list[dict[str, Any]] = []
@@ -335,15 +348,19 @@ def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SF
             lr = lr_at(step, total, config)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            batch = collate([examples[k] for k in order[first:first + config.batch_size]],
-                            pad_id)
+            rows = order[first:first + config.batch_size][rank::world]
+            batch = collate([examples[k] for k in rows], pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
             started = time.perf_counter()
 
             loss = sft_loss(model, **batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            if accelerator is not None:
+                accelerator.backward(loss)
+                grad_norm = accelerator.clip_grad_norm_(params, config.grad_clip)
+            else:
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
             optimizer.step()
 
             seconds = time.perf_counter() - started
