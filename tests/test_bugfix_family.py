@@ -148,3 +148,32 @@ def test_a_policy_that_ignores_observations_scores_near_chance(tmp_path: Path) -
 def test_asking_for_a_negative_count_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         bugfix_family(-1, 1)
+
+
+def test_the_hindsight_judge_credits_the_fix_and_not_the_break() -> None:
+    import json
+
+    from orchard.recipes.credit import RetrospectiveAnnotator
+    from orchard.recipes.domains import hindsight_judge
+    from orchard.recipes.trajectories import Trajectory
+    from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+    from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+
+    def played(task: Task, script: list[list[str]]) -> Trajectory:
+        messages: list[dict] = [{"role": "user", "content": task.problem_statement}]
+        for t, (thought, command) in enumerate(script):
+            messages += [{"role": "assistant", "content": thought, "tool_calls": [
+                {"id": f"c{t}", "type": "function", "function": {
+                    "name": "bash", "arguments": json.dumps({"command": command})}}]},
+                {"role": "tool", "tool_call_id": f"c{t}", "content": "ok"}]
+        return Trajectory("r", task.instance_id, messages, [], resolved=False, reward=-1.0)
+
+    with TeacherServer(FunctionPolicy(hindsight_judge(TRAIN)), load_tokenizer(TEST_TOKENIZER),
+                       model_name="judge") as judge:
+        annotator = RetrospectiveAnnotator(f"{judge.url}/v1", "judge")
+        for task in TRAIN[:3]:
+            fix_then_break, wrong_fix = task.metadata["teacher"]["fail"]
+            # look, fix, break, submit: the fix (step 1) is the only rise.
+            curve = annotator.annotate(played(task, fix_then_break))
+            assert curve.rise_segments(0.05) == [(1, 2)], curve.values
+            assert annotator.annotate(played(task, wrong_fix)).rise_segments(0.05) == []

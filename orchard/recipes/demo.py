@@ -38,7 +38,8 @@ from orchard.eval.evaluate import evaluate
 from orchard.eval.harness import Harness
 from orchard.eval.runner import RunConfig
 from orchard.recipes.bar import BARConfig
-from orchard.recipes.domains import demo_domain
+from orchard.recipes.credit import RetrospectiveAnnotator
+from orchard.recipes.domains import demo_domain, hindsight_judge
 from orchard.recipes.models import load_policy, tiny_llama, with_lora
 from orchard.recipes.montecarlo import MonteCarloAnnotator
 from orchard.recipes.rerank import ValueModel, ValueModelConfig, rerank_run, training_examples
@@ -64,6 +65,13 @@ class DemoConfig:
     n_test: int = 16
     seed: int = 0
     teacher_solve: float = 0.6
+    values: Literal["montecarlo", "retrospective", "none"] = "montecarlo"
+    """How the teacher's failed rollouts are valued: Monte-Carlo continuations, a
+    retrospective LLM judge (``values_judge_url``), or not at all (SFT on resolved rollouts
+    only: the ablation of credit assignment)."""
+    values_judge_url: str | None = None
+    """"scripted" (``domains.hindsight_judge``, SWE families) or an OpenAI base URL."""
+    values_judge_model: str = "judge"
     mc_k: int = 2
     """Continuations per key state."""
     mc_solve: float = 0.5
@@ -176,20 +184,17 @@ class Demo:
         return run
 
     def values(self, run: Path) -> dict[str, list[tuple[int, int]]]:
-        from orchard.rollout.teacher import FunctionPolicy, TeacherServer
-
+        """Value curves of the teacher's failed rollouts, as ``config.values`` says, and their
+        rise segments (what SFT learns from them)."""
         trajectories = [t for t in load_trajectories(run) if not t.resolved]
         trajectories = trajectories[:self.config.mc_max]
-        policy = self.domain.continuation_policy(self.train, self.config.mc_solve,
-                                                 self.config.seed)
-        segments: dict[str, list[tuple[int, int]]] = {}
-        with TeacherServer(FunctionPolicy(policy), load_tokenizer(TEST_TOKENIZER),
-                           model_name="teacher") as server, \
-                (self.out / "values.jsonl").open("w", encoding="utf-8") as f:
-            continuation = self.domain.continuation(self.client, f"{server.url}/v1", "teacher")
-            annotator = MonteCarloAnnotator(
-                self.client, self.train, continuation, k=self.config.mc_k,
-                restore="replay" if self.domain.replays else self.config.mc_restore)
+        if self.config.values == "none":  # the ablation: SFT on resolved rollouts only
+            self.results["values"] = {"annotated": 0, "with_rise": 0, "source": "none"}
+            return {}
+        with contextlib.ExitStack() as stack:
+            f = stack.enter_context((self.out / "values.jsonl").open("w", encoding="utf-8"))
+            annotator = self._annotator(stack)
+            segments: dict[str, list[tuple[int, int]]] = {}
             for traj in trajectories:
                 curve = annotator.annotate(traj)
                 segments[traj.rollout_id] = curve.rise_segments(self.config.eps)
@@ -197,8 +202,33 @@ class Demo:
                                     "key_steps": curve.key_steps,
                                     "rise_segments": segments[traj.rollout_id]}) + "\n")
         self.results["values"] = {"annotated": len(trajectories),
-                                  "with_rise": sum(1 for s in segments.values() if s)}
+                                  "with_rise": sum(1 for s in segments.values() if s),
+                                  "source": self.config.values}
         return segments
+
+    def _annotator(self, stack: contextlib.ExitStack) -> Any:
+        from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+
+        if self.config.values == "retrospective":
+            url = self.config.values_judge_url
+            if not url:
+                raise ValueError("values='retrospective' needs values_judge_url: 'scripted' "
+                                 "or the OpenAI base URL of the judge model")
+            if url == "scripted":
+                judge = stack.enter_context(TeacherServer(
+                    FunctionPolicy(hindsight_judge(self.train)),
+                    load_tokenizer(TEST_TOKENIZER), model_name=self.config.values_judge_model))
+                url = f"{judge.url}/v1"
+            return RetrospectiveAnnotator(url, self.config.values_judge_model)
+
+        policy = self.domain.continuation_policy(self.train, self.config.mc_solve,
+                                                 self.config.seed)
+        server = stack.enter_context(TeacherServer(
+            FunctionPolicy(policy), load_tokenizer(TEST_TOKENIZER), model_name="teacher"))
+        continuation = self.domain.continuation(self.client, f"{server.url}/v1", "teacher")
+        return MonteCarloAnnotator(
+            self.client, self.train, continuation, k=self.config.mc_k,
+            restore="replay" if self.domain.replays else self.config.mc_restore)
 
     def sft_data(self, run: Path, segments: dict[str, list[tuple[int, int]]], tokenizer: Any
                  ) -> list[Any]:

@@ -8,7 +8,9 @@ on a recorded rollout, and what a value model reads of a rollout.
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -68,6 +70,34 @@ def hedged_teacher(tasks: Sequence[Task], solve: float, seed: int) -> Policy:
         thought, command = (script[min(turn, len(script) - 1)] if rng.random() < solve
                             else script[-1])
         return Reply(content=thought, tool_calls=[ToolCall("bash", {"command": command})])
+
+    return policy
+
+
+def hindsight_judge(tasks: Sequence[Task]) -> Policy:
+    """A scripted retrospective judge for the generated SWE families, served like a model: it
+    reads ``RetrospectiveAnnotator``'s prompt and, knowing each task's fix, values the state
+    before step k at 0.9 when the fix was made in an earlier step and no other edit followed,
+    and at 0.1 otherwise. A stand-in for an LLM judge in tests and ablations."""
+    by_statement = {t.problem_statement: t for t in tasks}
+
+    def policy(messages: list[dict[str, Any]], tools: Any) -> Reply:
+        prompt = str(messages[-1]["content"])
+        task = next(t for st, t in by_statement.items() if st in prompt)
+        fix = task.metadata["teacher"]["solve"][1][1]
+        forms = (fix, json.dumps(fix)[1:-1])
+        actions = re.split(r"^### Step \d+\nAction:\n", prompt.split("## Outcome")[0],
+                           flags=re.MULTILINE)[1:]
+        asked = [int(k) for k in re.findall(r'"(\d+)": p', prompt.rsplit("\n", 1)[-1])]
+        values, fixed = {}, False
+        for k in range(max(asked, default=-1) + 1):
+            values[str(k)] = 0.9 if fixed else 0.1
+            action = actions[k] if k < len(actions) else ""
+            if any(f in action for f in forms):
+                fixed = True
+            elif "sed -i" in action:
+                fixed = False
+        return Reply(content=json.dumps({"values": {k: values[str(k)] for k in map(str, asked)}}))
 
     return policy
 
