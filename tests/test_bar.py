@@ -385,7 +385,8 @@ def test_rubric_rewards_balance_on_success_not_on_the_sign_of_the_reward() -> No
 
 @pytest.mark.parametrize(("exit_status", "failed", "status"), [
     ("Submitted", False, "completed"), ("LimitsExceeded", False, "truncated"),
-    ("TimeExceeded", False, "time_exceeded"), ("Submitted", True, "aborted"),
+    ("TimeExceeded", False, "time_exceeded"), ("RepeatedFormatError", False, "completed"),
+    ("Submitted", True, "aborted"),
     # An exit nobody defined is not taken to mean the rollout ran to its end.
     ("exited 3", False, "aborted"), ("unknown", False, "aborted"), ("", False, "aborted")])
 def test_harness_exits_map_to_bar_statuses(exit_status: str, failed: bool, status: str) -> None:

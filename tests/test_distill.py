@@ -5,6 +5,7 @@ recipe's loop runs on real rollouts through the policy server and the recording 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,6 +33,12 @@ from orchard.tasks.family import settings_family
 from tests.conftest import needs_root
 
 TOK = load_tokenizer(TEST_TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def client(orchestrator: str) -> Iterator[SandboxClient]:
+    with SandboxClient(orchestrator) as c:
+        yield c
 SAMPLING = SimpleNamespace(temperature=1.0, top_p=None, top_k=None, logprobs=None)
 
 

@@ -51,9 +51,11 @@ from orchard.rollout.samples import Sample, build_samples
 
 # How a harness's exit maps to BAR's statuses. A rollout that failed (environment, model,
 # harness) is aborted, and so is one whose exit this table does not know: a status nobody
-# defined cannot be trusted to mean the rollout ran to its end.
-_STATUS = {"Submitted": "completed", "LimitsExceeded": "truncated",
-           "TimeExceeded": "time_exceeded"}
+# defined cannot be trusted to mean the rollout ran to its end. mini-swe-agent's
+# RepeatedFormatError is the policy's own doing (malformed turns until it gave up), so it is
+# an ending to learn from.
+_STATUS = {"Submitted": "completed", "RepeatedFormatError": "completed",
+           "LimitsExceeded": "truncated", "TimeExceeded": "time_exceeded"}
 
 
 @dataclass
