@@ -166,16 +166,14 @@ def _bug(repo: _Repo, kind: str, rng: random.Random) -> dict[str, Any]:
             "issue": issue, "line": line, "test": test, "name": name}
 
 
-def _neighbour_break(repo: _Repo, path: str) -> tuple[str, str]:
-    """An edit that breaks something the fix did not touch: the first constant, off by one
+def _neighbour_break(repo: _Repo, path: str) -> str:
+    """A command that breaks something the fix did not touch: the first constant, off by one
     (or, when the bug is in config.py, the first string)."""
     if path.endswith("config.py"):
         k, v = next(iter(repo.strings.items()))
-        return f"{repo.pkg}/text.py", _sed(f"{repo.pkg}/text.py", f'{k} = "{v}"',
-                                           f'{k} = "{v}_"')
+        return _sed(f"{repo.pkg}/text.py", f'{k} = "{v}"', f'{k} = "{v}_"')
     k, n = next(iter(repo.constants.items()))
-    return f"{repo.pkg}/config.py", _sed(f"{repo.pkg}/config.py", f"{k} = {n}",
-                                         f"{k} = {n + 1}")
+    return _sed(f"{repo.pkg}/config.py", f"{k} = {n}", f"{k} = {n + 1}")
 
 
 def _task(rng: random.Random, index: int, split: str) -> Task:
@@ -189,7 +187,7 @@ def _task(rng: random.Random, index: int, split: str) -> Task:
     fix = (f"The fix: `{right_line.strip()}`.",
            _sed(bug["path"], wrong_line, right_line, within=within))
     done = ("Fixed; submitting.", SUBMIT)
-    _, breaking = _neighbour_break(repo, bug["path"])
+    breaking = _neighbour_break(repo, bug["path"])
     teacher = {"solve": [look, fix, done],
                "fail": [[look, fix, ("One more change.", breaking), done],
                         [look, (f"The fix: `{decoy_line.strip()}`.",
