@@ -180,7 +180,8 @@ def our_sft_step(model: torch.nn.Module, batches: list[Batch]) -> Step:
 
 
 def rl_config(batch: int) -> RLConfig:
-    return RLConfig(lr=LR, micro_batch=batch)
+    # One optimizer step per call, as the plain step takes: the comparison is step for step.
+    return RLConfig(lr=LR, micro_batch=batch, ppo_epochs=1, minibatches=1)
 
 
 def hf_rl_step(model: torch.nn.Module, groups: list[list[tuple[Sample, float]]],
@@ -198,7 +199,7 @@ def hf_rl_step(model: torch.nn.Module, groups: list[list[tuple[Sample, float]]],
             -1, b["input_ids"][:, 1:, None]).squeeze(-1)
         mask = b["mask"][:, 1:]
         ratio = torch.exp(logprobs - b["old"][:, 1:])
-        adv = b["advantages"][:, None]
+        adv = b["advantages"][:, 1:]  # per token, on the prediction grid
         objective = torch.minimum(
             ratio * adv, ratio.clamp(1 - config.clip_low, 1 + config.clip_high) * adv)
         loss = -(objective * mask).sum() / mask.sum()
@@ -298,14 +299,14 @@ def breakdown(model: torch.nn.Module, batch: Batch, group: list[tuple[Sample, fl
     def plain_ppo() -> None:
         lp = torch.log_softmax(replay().logits[:, :-1], -1).gather(-1, ids[:, 1:, None])
         ratio = torch.exp(lp.squeeze(-1) - b["old"][:, 1:])
-        adv, mask = b["advantages"][:, None], b["mask"][:, 1:]
+        adv, mask = b["advantages"][:, 1:], b["mask"][:, 1:]
         objective = torch.minimum(
             ratio * adv, ratio.clamp(1 - config.clip_low, 1 + config.clip_high) * adv)
         (-(objective * mask).sum() / mask.sum()).backward()
 
     def our_ppo() -> None:
         lp, entropy = token_logprobs(replay, ids, attention)
-        loss, _ = ppo_clip_loss(lp, shift(b["old"]), b["advantages"], shift(b["mask"]),
+        loss, _ = ppo_clip_loss(lp, shift(b["old"]), shift(b["advantages"]), shift(b["mask"]),
                                 clip_low=config.clip_low, clip_high=config.clip_high,
                                 entropy=entropy, entropy_coef=config.entropy_coef)
         loss.backward()
@@ -355,7 +356,7 @@ def rl_share(client: SandboxClient, tokenizer: Any, tasks: list[Task],
     warm_s = time.perf_counter() - t0
     model.eval()
     config = RLConfig(steps=args.rl_steps, batch_prompts=1, lr=1e-4, concurrency=2,
-                      bar=BARConfig(n=2, n_max=4, stride=2))
+                      bar=BARConfig(n=2, n_max=4, stride=2), ppo_epochs=1, minibatches=1)
     out = Path(tempfile.mkdtemp(prefix="orchard-bench-recipes-rl-", dir="/tmp"))
     try:
         # the server holds its own copy, as in the demo: generation never sees an update
