@@ -19,7 +19,6 @@ One step, top to bottom:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 from orchard.env.client import SandboxClient
 from orchard.eval.harness import AnyTask, Harness
 from orchard.recipes.loss import pad_id_of, token_logprobs
-from orchard.recipes.rl import PolicySampler, RLConfig, policy_update
+from orchard.recipes.rl import PolicySampler, RLConfig, log_step, policy_update
 from orchard.recipes.weight_sync import ServesWeights
 from orchard.rollout.samples import Sample
 
@@ -109,11 +108,7 @@ def train_distill(student: torch.nn.Module, teacher: torch.nn.Module,
             record.update(distill_step(student, teacher, optimizer, samples, config))
             record["weights_version"] = server.update(student)
         record["seconds"] = time.monotonic() - started
-        history.append(record)
-        with (out / "distill.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        if on_step is not None:
-            on_step(record)
+        log_step(record, history, out / "distill.jsonl", on_step)
     return history
 
 

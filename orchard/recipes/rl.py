@@ -295,12 +295,18 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
         else:
             record["train_seconds"] = 0.0  # every group was dropped: nothing to learn from
         record["seconds"] = time.monotonic() - started
-        history.append(record)
-        with (out / "rl.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-        if on_step is not None:
-            on_step(record)
+        log_step(record, history, out / "rl.jsonl", on_step)
     return history
+
+
+def log_step(record: dict[str, Any], history: list[dict[str, Any]], path: Path,
+             on_step: Callable[[dict[str, Any]], None] | None) -> None:
+    """A trainer step's record: kept, appended to ``path`` as a JSON line, handed on."""
+    history.append(record)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    if on_step is not None:
+        on_step(record)
 
 
 __all__ = ["Advantage", "PolicySampler", "RLConfig", "policy_update", "rollout_status",
