@@ -17,6 +17,7 @@ from orchard.recipes.rerank import (
     ValueModelConfig,
     best_of_n,
     candidate_text,
+    known_fixes,
     report_table,
     rerank_run,
     training_examples,
@@ -214,6 +215,33 @@ def test_best_of_n_math():
     o = report["overall"]
     assert o == {"value": 0.5, "random": (2 / 3 + 0 + 1 + 0.25) / 4, "oracle": 0.75, "n": 4,
                  "tasks": 4}
+
+
+def patched(tid: str, sample: int, resolved: bool, line: str) -> RolloutResult:
+    diff = f"--- a/config.py\n+++ b/config.py\n@@ -1 +1 @@\n-X = 1\n+{line}\n"
+    return result(tid, sample, resolved).model_copy(update={"patch": diff})
+
+
+def test_lookup_pick_remembers_training_fixes(tmp_path):
+    # A resolved training patch added "X = 7"; a failed one added "X = 3".
+    for row in (patched("t", 0, True, "X = 7"), patched("t", 1, False, "X = 3")):
+        append_result(tmp_path, row)
+    fixes = known_fixes([tmp_path])
+    assert fixes == {"X = 7"}
+    by_task = {
+        # A held-out fix repeats the training one: the lookup finds it without reading.
+        "repeat": [patched("repeat", 0, False, "X = 3"), patched("repeat", 1, True, "X = 7")],
+        # A new fix: nothing matches, so the lookup is a random pick.
+        "new": [patched("new", 0, False, "Y = 4"), patched("new", 1, True, "Y = 9"),
+                patched("new", 2, False, "Y = 2")],
+    }
+    scores = {"repeat": [0.9, 0.1], "new": [0.1, 0.9, 0.5]}
+    report = best_of_n(by_task, scores, fixes=fixes)
+    assert report["tasks"]["repeat"]["lookup"] == 1.0
+    assert report["tasks"]["new"]["lookup"] == pytest.approx(1 / 3)
+    assert report["overall"]["lookup"] == pytest.approx((1 + 1 / 3) / 2)
+    assert "lookup" not in best_of_n(by_task, scores)["overall"]
+    assert "lookup" in [c.header for c in report_table(report).columns]
 
 
 def test_best_of_n_rejects_bad_input():

@@ -42,12 +42,20 @@ from orchard.recipes.credit import RetrospectiveAnnotator
 from orchard.recipes.domains import demo_domain, hindsight_judge
 from orchard.recipes.models import load_policy, tiny_llama, with_lora
 from orchard.recipes.montecarlo import MonteCarloAnnotator
-from orchard.recipes.rerank import ValueModel, ValueModelConfig, rerank_run, training_examples
+from orchard.recipes.rerank import (
+    ValueModel,
+    ValueModelConfig,
+    known_fixes,
+    rerank_run,
+    training_examples,
+)
 from orchard.recipes.rl import RLConfig, train_rl
 from orchard.recipes.serving import PolicyServer
 from orchard.recipes.sft import SFTConfig, build_sft_dataset, save_examples, sft_train
 from orchard.recipes.trajectories import load_trajectories
 from orchard.rollout.minisweagent import config_from_specs
+from orchard.rollout.policies import Policy
+from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.tasks.assistant.judge import RubricJudge, keyword_judge
 
@@ -211,25 +219,19 @@ class Demo:
         return segments
 
     def _annotator(self, stack: contextlib.ExitStack) -> Any:
-        from orchard.rollout.teacher import FunctionPolicy, TeacherServer
-
         if self.config.values == "retrospective":
             url = self.config.values_judge_url
             if not url:
                 raise ValueError("values='retrospective' needs values_judge_url: 'scripted' "
                                  "or the OpenAI base URL of the judge model")
             if url == "scripted":
-                judge = stack.enter_context(TeacherServer(
-                    FunctionPolicy(hindsight_judge(self.train)),
-                    load_tokenizer(TEST_TOKENIZER), model_name=self.config.values_judge_model))
-                url = f"{judge.url}/v1"
+                url = _serve(stack, hindsight_judge(self.train), self.config.values_judge_model)
             return RetrospectiveAnnotator(url, self.config.values_judge_model)
 
         policy = self.domain.continuation_policy(self.train, self.config.mc_solve,
                                                  self.config.seed)
-        server = stack.enter_context(TeacherServer(
-            FunctionPolicy(policy), load_tokenizer(TEST_TOKENIZER), model_name="teacher"))
-        continuation = self.domain.continuation(self.client, f"{server.url}/v1", "teacher")
+        continuation = self.domain.continuation(self.client, _serve(stack, policy, "teacher"),
+                                                "teacher")
         return MonteCarloAnnotator(
             self.client, self.train, continuation, k=self.config.mc_k,
             restore="replay" if self.domain.replays else self.config.mc_restore)
@@ -258,19 +260,23 @@ class Demo:
                  f"{stage['rollouts']} held-out rollouts, pass@k {stage['pass_at_k']}")
         return stage
 
-    def rerank(self, tokenizer: Any) -> dict[str, Any]:
-        """Best-of-N over the last held-out evaluation, by a value model trained on the graded
-        rollouts of training tasks only (the teacher's and RL's), against a random and an
-        oracle pick."""
-        runs = [self.out / "teacher", *sorted((self.out / "rl").glob("step-*/round-*"))]
+    def rerank(self, tokenizer: Any, *, teacher: Path | None = None, rl: str = "rl",
+               stage: str = "sft_rl") -> dict[str, Any]:
+        """Best-of-N over the held-out evaluation ``stage``, by a value model trained on the
+        graded rollouts of training tasks only (the ``teacher`` run's and those under
+        ``rl``), against a random and an oracle pick."""
+        runs = [teacher or self.out / "teacher",
+                *sorted((self.out / rl).glob("step-*/round-*"))]
         value = ValueModel.tiny(tokenizer, replace(self.config.value, device=self.device))
         text_of = self.domain.text_of
         fit = value.train(training_examples(runs, self.train, text_of=text_of))
-        report = rerank_run(self.out / "eval-sft_rl", self.test, value, text_of=text_of)
+        report = rerank_run(self.out / f"eval-{stage}", self.test, value, text_of=text_of,
+                            fixes=known_fixes(runs))
         overall = report["overall"]
         self.results["rerank"] = {"train": fit, "runs": len(runs), **overall}
         self.log(f"  best-of-{overall['n']} on held-out tasks: value pick "
-                 f"{overall['value']:.1%}, random pick {overall['random']:.1%}, oracle "
+                 f"{overall['value']:.1%}, random pick {overall['random']:.1%}, lookup of "
+                 f"training fixes {overall['lookup']:.1%}, oracle "
                  f"{overall['oracle']:.1%} (value model: {fit['examples']} graded rollouts of "
                  f"training tasks, {fit['resolved']} resolved)")
         return report
@@ -285,21 +291,13 @@ class Demo:
     def _open_judge(self, stack: contextlib.ExitStack) -> RubricJudge:
         url = self.config.judge or ""
         if url == "scripted":
-            from orchard.rollout.teacher import FunctionPolicy, TeacherServer
-
-            server = stack.enter_context(TeacherServer(
-                FunctionPolicy(keyword_judge), load_tokenizer(TEST_TOKENIZER),
-                model_name=self.config.judge_model))
-            url = f"{server.url}/v1"
+            url = _serve(stack, keyword_judge, self.config.judge_model)
         return RubricJudge(url, self.config.judge_model)
 
-    def _run(self) -> dict[str, Any]:
+    def load_model(self) -> tuple[torch.nn.Module, Any]:
+        """The untrained policy on its device, and its tokenizer."""
         cfg = self.config
         torch.manual_seed(cfg.seed)
-        # Sandboxes, the proxy and the harness share these cores with torch: more than one
-        # intra-op thread then costs far more in contention than it gains (a tiny model's
-        # decoding step: ~1 ms on one thread, ~50 ms on two under load).
-        torch.set_num_threads(cfg.threads)
         if cfg.model is None:
             self.tokenizer_dir: str | Path = TEST_TOKENIZER
             tokenizer = load_tokenizer(TEST_TOKENIZER)
@@ -313,39 +311,63 @@ class Demo:
             model, tokenizer = load_policy(cfg.model, dtype=torch.float32)
         device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.device = str(device)
-        model = model.to(device)
+        return model.to(device), tokenizer
+
+    def sft(self, model: torch.nn.Module, examples: list[Any], server: PolicyServer
+            ) -> list[dict[str, Any]]:
+        """SFT on every core (nothing else runs meanwhile); ``server`` then serves the result."""
+        cfg = self.config
+        torch.set_num_threads(cfg.sft_threads or len(os.sched_getaffinity(0)))
+        try:
+            log = sft_train(model, examples, cfg.sft)
+        finally:
+            torch.set_num_threads(cfg.threads)
+        model.eval()
+        server.update(model)
+        self.results["sft"] = {"steps": len(log), "first_loss": log[0]["loss"],
+                               "last_loss": log[-1]["loss"],
+                               "tokens_per_s": _median(m["tokens_per_s"] for m in log)}
+        return log
+
+    def rl(self, model: torch.nn.Module, server: PolicyServer, config: RLConfig | None = None,
+           name: str = "rl") -> list[dict[str, Any]]:
+        """BAR RL from ``model`` as it is (``config``: the demo's unless given), into
+        ``out/name``."""
+        log = train_rl(
+            model, self.train, self.client, server, self.out / name, config or self.config.rl,
+            render_with=self.tokenizer_dir, agent_config=self.agent_config,
+            harness=self._policy_harness(server), on_step=lambda r: self.log(
+                f"  {name} step {r['step']}: {r['groups']} groups, resolved "
+                f"{r['resolved_rate']:.0%} of {r['rollouts']} rollouts, mean reward "
+                f"{r['mean_reward'] or 0:.2f}, {r['seconds']:.0f} s"))
+        self.results[name] = log
+        return log
+
+    def _run(self) -> dict[str, Any]:
+        cfg = self.config
+        # Sandboxes, the proxy and the harness share these cores with torch: more than one
+        # intra-op thread then costs far more in contention than it gains (a tiny model's
+        # decoding step: ~1 ms on one thread, ~50 ms on two under load).
+        torch.set_num_threads(cfg.threads)
+        model, tokenizer = self.load_model()
         run = self._timed("teacher", self.teacher)
         segments = self._timed("values", lambda: self.values(run))
         examples = self._timed("sft_data", lambda: self.sft_data(run, segments, tokenizer))
         # The server holds its own copy: generation never sees weights mid-update.
-        served = _copy(model)
+        served = copy_model(model)
         if cfg.lora_rank:
             model = with_lora(model, cfg.lora_rank)
         self.results["model"] = {
-            "name": cfg.model or "tiny-llama (random init)", "device": str(device),
+            "name": cfg.model or "tiny-llama (random init)", "device": self.device,
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "parameters": sum(p.numel() for p in served.parameters()),
             "trained_parameters": sum(p.numel() for p in model.parameters()
                                       if p.requires_grad), "lora_rank": cfg.lora_rank}
         with PolicyServer(served, tokenizer, seed=cfg.seed) as server:
             self._timed("eval_base", lambda: self.evaluate_policy(server, "base"))
-            torch.set_num_threads(cfg.sft_threads or len(os.sched_getaffinity(0)))
-            sft_log = self._timed("sft", lambda: sft_train(model, examples, cfg.sft))
-            torch.set_num_threads(cfg.threads)
-            model.eval()
-            server.update(model)
-            self.results["sft"] = {"steps": len(sft_log), "first_loss": sft_log[0]["loss"],
-                                   "last_loss": sft_log[-1]["loss"],
-                                   "tokens_per_s": _median(m["tokens_per_s"] for m in sft_log)}
+            sft_log = self._timed("sft", lambda: self.sft(model, examples, server))
             self._timed("eval_sft", lambda: self.evaluate_policy(server, "sft"))
-            rl_log = self._timed("rl", lambda: train_rl(
-                model, self.train, self.client, server, self.out / "rl", cfg.rl,
-                render_with=self.tokenizer_dir, agent_config=self.agent_config,
-                harness=self._policy_harness(server), on_step=lambda r: self.log(
-                    f"  rl step {r['step']}: {r['groups']} groups, resolved "
-                    f"{r['resolved_rate']:.0%} of {r['rollouts']} rollouts, mean reward "
-                    f"{r['mean_reward'] or 0:.2f}, {r['seconds']:.0f} s")))
-            self.results["rl"] = rl_log
+            rl_log = self._timed("rl", lambda: self.rl(model, server))
             self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"))
         self._timed("rerank", lambda: self.rerank(tokenizer))
         stages = self.results["stages"]
@@ -361,7 +383,17 @@ class Demo:
         return self.results
 
 
-def _copy(model: torch.nn.Module) -> torch.nn.Module:
+def _serve(stack: contextlib.ExitStack, policy: Policy, model_name: str) -> str:
+    """Serve a scripted ``policy`` as an OpenAI-compatible model until ``stack`` closes;
+    returns its base URL."""
+    server = stack.enter_context(TeacherServer(FunctionPolicy(policy),
+                                               load_tokenizer(TEST_TOKENIZER),
+                                               model_name=model_name))
+    return f"{server.url}/v1"
+
+
+def copy_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of a plain ``model``, on its device and in its dtype, in eval mode."""
     first = next(model.parameters())
     clone = type(model)(model.config)
     clone.load_state_dict(model.state_dict())

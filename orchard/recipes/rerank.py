@@ -1,7 +1,8 @@
 """Value-model reranking (best-of-N): a scalar head on a small backbone, trained on graded
 rollouts of earlier runs to predict P(resolved) from a candidate's text, then used to pick one
 of N candidates per task. The report sets the value pick against a random pick (its exact
-expectation) and an oracle pick (any candidate resolved).
+expectation), an oracle pick (any candidate resolved) and, given the training runs' fixes, a
+lookup pick (a candidate adding a line that a resolved training patch added).
 
 A candidate's text is the problem statement, optionally the agent's actions (one line per
 assistant turn), and the final patch, last, under :data:`PATCH_HEADER`; when it is too long,
@@ -291,11 +292,28 @@ class ValueModel:
 
 # --- best-of-N ----------------------------------------------------------------------------------
 
+def added_lines(patch: str) -> set[str]:
+    """The stripped, non-blank lines a unified diff adds."""
+    return {line[1:].strip() for line in patch.splitlines()
+            if line.startswith("+") and not line.startswith("+++") and line[1:].strip()}
+
+
+def known_fixes(run_dirs: Iterable[str | Path]) -> set[str]:
+    """Every line that a resolved rollout's patch in ``run_dirs`` added: what a lookup, the
+    trivial reranker, remembers of training."""
+    return {line for run_dir in run_dirs for r in read_results(Path(run_dir)) if r.resolved
+            for line in added_lines(r.patch)}
+
+
 def best_of_n(candidates_by_task: Mapping[str, Sequence[RolloutResult]],
-              scores: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+              scores: Mapping[str, Sequence[float]], *,
+              fixes: set[str] | None = None) -> dict[str, Any]:
     """Per task: the value pick (highest score; ties to the lowest sample index) and whether
     it resolved, the random pick's expected success (the fraction resolved) and the oracle's
-    (whether any resolved); overall, their means over tasks."""
+    (whether any resolved); overall, their means over tasks. With ``fixes`` (``known_fixes``
+    of the training runs) also the lookup pick's expected success: a random candidate among
+    those adding a line some resolved training patch added (all when none does). Where
+    held-out fixes repeat training ones, the lookup reranks without reading anything."""
     if not candidates_by_task:
         raise ValueError("no tasks to rerank")
     tasks = {}
@@ -313,14 +331,19 @@ def best_of_n(candidates_by_task: Mapping[str, Sequence[RolloutResult]],
         tasks[tid] = {"n": len(candidates), "resolved": resolved, "pick": pick.sample,
                       "pick_score": pick_score, "value": float(pick.resolved),
                       "random": resolved / len(candidates), "oracle": float(resolved > 0)}
-    overall = {k: mean(t[k] for t in tasks.values()) for k in ("value", "random", "oracle")}
+        if fixes is not None:
+            looked_up = [c for c in candidates if added_lines(c.patch) & fixes] or candidates
+            tasks[tid]["lookup"] = sum(c.resolved for c in looked_up) / len(looked_up)
+    picks = ("value", "random", "oracle") + (("lookup",) if fixes is not None else ())
+    overall = {k: mean(t[k] for t in tasks.values()) for k in picks}
     overall |= {"n": max(t["n"] for t in tasks.values()), "tasks": len(tasks)}
     return {"overall": overall, "tasks": tasks}
 
 
 def rerank_run(run_dir: str | Path, tasks: Iterable[AnyTask], model: ValueModel, *,
-               text_of: TextOf = "patch") -> dict[str, Any]:
-    """Best-of-N over a run with several samples per task (its graded rollouts)."""
+               text_of: TextOf = "patch", fixes: set[str] | None = None) -> dict[str, Any]:
+    """Best-of-N over a run with several samples per task (its graded rollouts); ``fixes``
+    adds the lookup pick (see ``best_of_n``)."""
     run_dir = Path(run_dir)
     by_id = _task_map(tasks)
     results = read_results(run_dir)
@@ -336,7 +359,7 @@ def rerank_run(run_dir: str | Path, tasks: Iterable[AnyTask], model: ValueModel,
     scores, start = {}, 0
     for tid, ts in texts.items():
         scores[tid], start = flat[start:start + len(ts)], start + len(ts)
-    report = best_of_n(groups, scores)
+    report = best_of_n(groups, scores, fixes=fixes)
     report["run"] = {"run_dir": str(run_dir), "text_of": text_of}
     return report
 
@@ -348,16 +371,16 @@ def _pct(x: float) -> str:
 def report_table(report: dict[str, Any], *, per_task: bool = True) -> Table:
     """The report of :func:`best_of_n` as a table: one row per task, then the overall rates."""
     o = report["overall"]
+    picks = [k for k in ("value", "random", "lookup", "oracle") if k in o]
     table = Table(title=f"best-of-{o['n']} over {o['tasks']} task(s)")
-    for col in ("task", "resolved", "value pick", "value", "random", "oracle"):
+    for col in ("task", "resolved", "value pick", *picks):
         table.add_column(col, justify="left" if col == "task" else "right")
     if per_task:
         for tid, t in report["tasks"].items():
             table.add_row(tid, f"{t['resolved']}/{t['n']}",
                           f"#{t['pick']} ({t['pick_score']:.3f})",
-                          "yes" if t["value"] else "no", _pct(t["random"]),
-                          "yes" if t["oracle"] else "no")
+                          *[_pct(t[k]) if k in ("random", "lookup") else
+                            ("yes" if t[k] else "no") for k in picks])
         table.add_section()
-    table.add_row("overall", "", "", _pct(o["value"]), _pct(o["random"]), _pct(o["oracle"]),
-                  style="bold")
+    table.add_row("overall", "", "", *[_pct(o[k]) for k in picks], style="bold")
     return table
