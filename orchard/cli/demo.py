@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from orchard.cli._common import OrchestratorOption, friendly_errors, open_orchestrator
 from orchard.env.client import SandboxClient
+
+if TYPE_CHECKING:
+    from orchard.recipes.demo import DemoConfig
 
 app = typer.Typer()
 
@@ -28,6 +31,18 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seeds the tasks, the model's init, SFT and RL.")
                     ] = 0,
     rl_steps: Annotated[int, typer.Option(min=0, help="BAR RL steps after SFT.")] = 2,
+    rl_lr: Annotated[float | None, typer.Option(
+        min=0, help="RL's learning rate (default: the demo's, 1e-5; 1e-6 with --model).",
+        show_default=False)] = None,
+    ppo_epochs: Annotated[int | None, typer.Option(
+        min=1, help="PPO passes over each RL step's samples (default: the demo's).",
+        show_default=False)] = None,
+    minibatches: Annotated[int | None, typer.Option(
+        min=1, help="Optimizer steps per PPO pass (default: the demo's).",
+        show_default=False)] = None,
+    paper_groups: Annotated[bool, typer.Option(
+        "--paper-groups", help="BAR groups as in the paper (N=8, Nmax=16, stride 16) instead "
+                               "of the demo's (N=4, Nmax=8, stride 4).")] = False,
     eval_n: Annotated[int, typer.Option(min=1, help="Samples per held-out task.")] = 4,
     domain: Annotated[str, typer.Option(
         help="swe (the generated settings family, mini-swe-agent), bugfix (the bug-fix "
@@ -49,32 +64,18 @@ def demo(
 ) -> None:
     """The training pipeline end to end: teacher trajectories -> credit-assignment SFT -> BAR
     RL -> held-out evaluation, with real sandboxes and grading; prints the stage table."""
-    from dataclasses import replace
-
     from rich.table import Table
 
-    from orchard.recipes.demo import DemoConfig, for_assistant, for_web, pretrained, run_demo
+    from orchard.recipes.demo import run_demo
 
-    if domain not in ("swe", "bugfix", "web", "assistant"):
-        raise typer.BadParameter(f"--domain is swe, bugfix, web or assistant, not {domain!r}")
-    if judge is not None and domain != "assistant":
-        raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
-                                 "none: add --domain assistant or drop --judge")
-    config = DemoConfig(domain="bugfix" if domain == "bugfix" else "swe", seed=seed,
-                        eval_n=eval_n, judge=judge, judge_model=judge_model, device=device,
-                        lora_rank=lora_rank)
-    if domain == "web":
-        config = for_web(config)
-    elif domain == "assistant":
-        config = for_assistant(config)
-    config.rl = replace(config.rl, steps=rl_steps, seed=seed)
-    config.sft = replace(config.sft, seed=seed)
     if model == "smollm2":
         from orchard.recipes.models import smollm2_dir
 
         model = str(smollm2_dir())
-    if model is not None:
-        config = pretrained(replace(config, model=model))
+    config = demo_config(domain, seed=seed, eval_n=eval_n, judge=judge,
+                         judge_model=judge_model, device=device, lora_rank=lora_rank,
+                         model=model, rl_steps=rl_steps, rl_lr=rl_lr, ppo_epochs=ppo_epochs,
+                         minibatches=minibatches, paper_groups=paper_groups)
     console = Console()
     if out.exists() and any(out.iterdir()):
         raise typer.BadParameter(f"{out} is not empty: give a new --out (the demo does not "
@@ -97,3 +98,37 @@ def demo(
     console.print(f"SFT+RL - base: {margin:+.1%} resolved on held-out tasks; "
                   f"wall time {sum(results['seconds'].values()):.0f} s; "
                   f"{out / 'results.json'}, {out / 'learning_curve.png'}")
+
+
+def demo_config(domain: str, *, seed: int = 0, eval_n: int = 4, judge: str | None = None,
+                judge_model: str = "judge", device: str | None = None, lora_rank: int = 0,
+                model: str | None = None, rl_steps: int = 2, rl_lr: float | None = None,
+                ppo_epochs: int | None = None, minibatches: int | None = None,
+                paper_groups: bool = False) -> DemoConfig:
+    """The ``DemoConfig`` that ``orchard demo``'s options describe; ``model`` is a folder."""
+    from dataclasses import replace
+
+    from orchard.recipes.bar import BARConfig
+    from orchard.recipes.demo import DemoConfig, for_assistant, for_web, pretrained
+
+    if domain not in ("swe", "bugfix", "web", "assistant"):
+        raise typer.BadParameter(f"--domain is swe, bugfix, web or assistant, not {domain!r}")
+    if judge is not None and domain != "assistant":
+        raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
+                                 "none: add --domain assistant or drop --judge")
+    config = DemoConfig(domain="bugfix" if domain == "bugfix" else "swe", seed=seed,
+                        eval_n=eval_n, judge=judge, judge_model=judge_model, device=device,
+                        lora_rank=lora_rank)
+    if domain == "web":
+        config = for_web(config)
+    elif domain == "assistant":
+        config = for_assistant(config)
+    if model is not None:
+        config = pretrained(replace(config, model=model))
+    changes = {"lr": rl_lr, "ppo_epochs": ppo_epochs, "minibatches": minibatches}
+    config.rl = replace(config.rl, steps=rl_steps, seed=seed,
+                        **{k: v for k, v in changes.items() if v is not None})
+    if paper_groups:
+        config.rl = replace(config.rl, bar=BARConfig.paper())
+    config.sft = replace(config.sft, seed=seed)
+    return config

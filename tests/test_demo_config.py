@@ -1,0 +1,37 @@
+"""`orchard demo`'s options as the DemoConfig the pipeline runs with."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from orchard.cli.demo import demo_config
+from orchard.recipes.demo import DemoConfig
+
+
+def test_defaults_are_the_demo_config() -> None:
+    config = demo_config("bugfix", seed=3)
+    default = DemoConfig()
+    assert config.domain == "bugfix"
+    assert (config.rl.lr, config.rl.ppo_epochs, config.rl.minibatches) == (
+        default.rl.lr, default.rl.ppo_epochs, default.rl.minibatches)
+    assert (config.rl.bar.n, config.rl.bar.n_max, config.rl.bar.stride) == (4, 8, 4)
+    assert config.rl.seed == config.sft.seed == 3
+
+
+def test_rl_options_reach_the_config_and_override_a_pretrained_rate() -> None:
+    config = demo_config("swe", model="some/model", rl_steps=5, rl_lr=3e-5, ppo_epochs=4,
+                         minibatches=2, paper_groups=True)
+    assert (config.rl.steps, config.rl.lr, config.rl.ppo_epochs, config.rl.minibatches) == (
+        5, 3e-5, 4, 2)
+    assert (config.rl.bar.n, config.rl.bar.n_max, config.rl.bar.stride) == (8, 16, 16)
+    # A pretrained model keeps its own SFT rate; without --rl-lr, RL's too.
+    assert config.sft.lr == 1e-5
+    assert demo_config("swe", model="some/model").rl.lr == 1e-6
+
+
+def test_bad_combinations_say_what_to_change() -> None:
+    with pytest.raises(typer.BadParameter, match="swe, bugfix, web or assistant"):
+        demo_config("chess")
+    with pytest.raises(typer.BadParameter, match="add --domain assistant"):
+        demo_config("bugfix", judge="scripted")
