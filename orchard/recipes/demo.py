@@ -263,7 +263,8 @@ class Demo:
                stage: str = "sft_rl") -> dict[str, Any]:
         """Best-of-N over the held-out evaluation ``stage``, by a value model trained on the
         graded rollouts of training tasks only (the ``teacher`` run's and those under
-        ``rl``), against a random and an oracle pick."""
+        ``rl``), against a random pick, a lookup of those runs' resolved fixes and an oracle
+        pick."""
         runs = [teacher or self.out / "teacher",
                 *sorted((self.out / rl).glob("step-*/round-*"))]
         value = ValueModel.tiny(tokenizer, replace(self.config.value, device=self.device))
