@@ -66,10 +66,10 @@ def rl_setting(spec: str, base: RLConfig) -> RLConfig:
 
 
 def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[str, Any]:
-    config = DemoConfig(domain=args.domain, seed=seed, n_train=args.n_train,
-                        n_test=args.n_test, eval_n=args.eval_n, lora_rank=args.lora_rank)
+    config = DemoConfig(domain=args.domain, seed=seed, lora_rank=args.lora_rank)
     if args.model:
         config = pretrained(replace(config, model=args.model))
+    config = replace(config, n_train=args.n_train, n_test=args.n_test, eval_n=args.eval_n)
     config.sft = replace(config.sft, seed=seed,
                          max_steps=args.sft_steps or config.sft.max_steps)
     config.rl = replace(config.rl, seed=seed)

@@ -30,7 +30,16 @@ def demo(
         show_default=False)] = None,
     seed: Annotated[int, typer.Option(help="Seeds the tasks, the model's init, SFT and RL.")
                     ] = 0,
-    rl_steps: Annotated[int, typer.Option(min=0, help="BAR RL steps after SFT.")] = 2,
+    n_train: Annotated[int | None, typer.Option(
+        min=1, help="Training tasks (default: the demo's, 128).", show_default=False)] = None,
+    n_test: Annotated[int | None, typer.Option(
+        min=1, help="Held-out tasks (default: 16).", show_default=False)] = None,
+    sft_steps: Annotated[int | None, typer.Option(
+        min=1, help="SFT optimizer steps (default: 400; 32 with --model).",
+        show_default=False)] = None,
+    rl_steps: Annotated[int | None, typer.Option(
+        min=0, help="BAR RL steps after SFT (default: 2; 1 with --model).",
+        show_default=False)] = None,
     rl_lr: Annotated[float | None, typer.Option(
         min=0, help="RL's learning rate (default: the demo's, 1e-5; 1e-6 with --model).",
         show_default=False)] = None,
@@ -43,7 +52,9 @@ def demo(
     paper_groups: Annotated[bool, typer.Option(
         "--paper-groups", help="BAR groups as in the paper (N=8, Nmax=16, stride 16) instead "
                                "of the demo's (N=4, Nmax=8, stride 4).")] = False,
-    eval_n: Annotated[int, typer.Option(min=1, help="Samples per held-out task.")] = 4,
+    eval_n: Annotated[int | None, typer.Option(
+        min=1, help="Samples per held-out task (default: 4; 2 with --model).",
+        show_default=False)] = None,
     domain: Annotated[str, typer.Option(
         help="swe (the generated settings family, mini-swe-agent), bugfix (the bug-fix "
              "family, whose fixes must be read in the sandbox), web (the bundled web "
@@ -68,14 +79,15 @@ def demo(
 
     from orchard.recipes.demo import run_demo
 
-    if model == "smollm2":
-        from orchard.recipes.models import smollm2_dir
-
-        model = str(smollm2_dir())
     config = demo_config(domain, seed=seed, eval_n=eval_n, judge=judge,
                          judge_model=judge_model, device=device, lora_rank=lora_rank,
-                         model=model, rl_steps=rl_steps, rl_lr=rl_lr, ppo_epochs=ppo_epochs,
+                         model=model, n_train=n_train, n_test=n_test, sft_steps=sft_steps,
+                         rl_steps=rl_steps, rl_lr=rl_lr, ppo_epochs=ppo_epochs,
                          minibatches=minibatches, paper_groups=paper_groups)
+    if model == "smollm2":  # converted only once the options are known to be good
+        from orchard.recipes.models import smollm2_dir
+
+        config.model = str(smollm2_dir())
     console = Console()
     if out.exists() and any(out.iterdir()):
         raise typer.BadParameter(f"{out} is not empty: give a new --out (the demo does not "
@@ -100,12 +112,15 @@ def demo(
                   f"{out / 'results.json'}, {out / 'learning_curve.png'}")
 
 
-def demo_config(domain: str, *, seed: int = 0, eval_n: int = 4, judge: str | None = None,
-                judge_model: str = "judge", device: str | None = None, lora_rank: int = 0,
-                model: str | None = None, rl_steps: int = 2, rl_lr: float | None = None,
+def demo_config(domain: str, *, seed: int = 0, eval_n: int | None = None,
+                judge: str | None = None, judge_model: str = "judge", device: str | None = None,
+                lora_rank: int = 0, model: str | None = None, n_train: int | None = None,
+                n_test: int | None = None, sft_steps: int | None = None,
+                rl_steps: int | None = None, rl_lr: float | None = None,
                 ppo_epochs: int | None = None, minibatches: int | None = None,
                 paper_groups: bool = False) -> DemoConfig:
-    """The ``DemoConfig`` that ``orchard demo``'s options describe; ``model`` is a folder."""
+    """The ``DemoConfig`` that ``orchard demo``'s options describe (``model``: a folder or
+    a name); an option left None keeps the demo's value, or ``pretrained``'s with a model."""
     from dataclasses import replace
 
     from orchard.recipes.bar import BARConfig
@@ -117,7 +132,7 @@ def demo_config(domain: str, *, seed: int = 0, eval_n: int = 4, judge: str | Non
         raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
                                  "none: add --domain assistant or drop --judge")
     config = DemoConfig(domain="bugfix" if domain == "bugfix" else "swe", seed=seed,
-                        eval_n=eval_n, judge=judge, judge_model=judge_model, device=device,
+                        judge=judge, judge_model=judge_model, device=device,
                         lora_rank=lora_rank)
     if domain == "web":
         config = for_web(config)
@@ -125,10 +140,14 @@ def demo_config(domain: str, *, seed: int = 0, eval_n: int = 4, judge: str | Non
         config = for_assistant(config)
     if model is not None:
         config = pretrained(replace(config, model=model))
-    changes = {"lr": rl_lr, "ppo_epochs": ppo_epochs, "minibatches": minibatches}
-    config.rl = replace(config.rl, steps=rl_steps, seed=seed,
+    sizes = {"eval_n": eval_n, "n_train": n_train, "n_test": n_test}
+    config = replace(config, **{k: v for k, v in sizes.items() if v is not None})
+    changes = {"steps": rl_steps, "lr": rl_lr, "ppo_epochs": ppo_epochs,
+               "minibatches": minibatches}
+    config.rl = replace(config.rl, seed=seed,
                         **{k: v for k, v in changes.items() if v is not None})
     if paper_groups:
         config.rl = replace(config.rl, bar=BARConfig.paper())
-    config.sft = replace(config.sft, seed=seed)
+    config.sft = replace(config.sft, seed=seed,
+                         max_steps=sft_steps if sft_steps is not None else config.sft.max_steps)
     return config

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import random
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -280,18 +282,28 @@ class TeacherHarness(ScriptedTeacher, MiniSweAgentHarness):
     with a real tokenizer). For the tasks it is told to solve it applies the gold patch with a
     bash tool call and submits; for the others it looks around and submits nothing. So the
     resolved rate of a run is known in advance: ``solve`` (a share of the tasks, picked by a
-    stable hash of their ids, or a set of ids)."""
+    stable hash of their ids, or a set of ids).
+
+    With ``per_sample`` (a float ``solve``, tasks with scripts in ``metadata["teacher"]``),
+    each rollout draws its script instead: the solving one with probability ``solve``, else
+    one of the failing ones. Samples of one task then differ, as a sampled policy's do."""
 
     name = "teacher"
 
     def __init__(self, tasks: Sequence[Task], solve: float | Sequence[str] = 1.0, *,
-                 config: Mapping[str, Any] | None = None) -> None:
+                 config: Mapping[str, Any] | None = None, per_sample: bool = False,
+                 seed: int = 0) -> None:
         super().__init__("", "teacher", config=config)
         self.tasks = {t.instance_id: t for t in tasks}
+        if per_sample and not isinstance(solve, float | int):
+            raise ValueError("per_sample draws each rollout's script with probability solve: "
+                             "give solve as a float, not a set of task ids")
         if isinstance(solve, float | int):
             self.solved = stable_share(self.tasks, float(solve))
         else:
             self.solved = set(solve)
+        self.solve = float(solve) if per_sample else None
+        self._rng = random.Random(seed)
 
     def _task_of(self, messages: list[dict[str, Any]]) -> Task:
         first = next((str(m.get("content")) for m in messages if m["role"] == "user"), "")
@@ -300,13 +312,28 @@ class TeacherHarness(ScriptedTeacher, MiniSweAgentHarness):
                 return task
         raise ValueError("the teacher knows no task with this problem statement")
 
+    def _drawn(self, scripts: Mapping[str, Any], messages: list[dict[str, Any]]) -> Any:
+        """A script drawn from the per-sample prior, given the commands run so far: drawing
+        again at each turn among the scripts that agree with them gives each rollout the
+        prior's odds of every whole script."""
+        assert self.solve is not None
+        fails = scripts["fail"]
+        weighted = [(self.solve, scripts["solve"])] + [
+            ((1 - self.solve) / len(fails), f) for f in fails]
+        done = [_command(m) for m in messages if m["role"] == "assistant"]
+        agree = [(w, s) for w, s in weighted if w > 0 and all(
+            s[min(i, len(s) - 1)][1] == c for i, c in enumerate(done))] or weighted
+        return self._rng.choices([s for _, s in agree], [w for w, _ in agree])[0]
+
     def policy(self, messages: list[dict[str, Any]], tools: Any) -> Any:
         from orchard.rollout.teacher import Reply, ToolCall
 
         task = self._task_of(messages)
         turn = sum(1 for m in messages if m["role"] == "assistant")
         scripts = task.metadata.get("teacher")
-        if scripts:
+        if scripts and self.solve is not None:
+            script = self._drawn(scripts, messages)
+        elif scripts:
             # The task set says how its teacher acts; failing tasks rotate through its
             # failing scripts by the same stable rank.
             fails = scripts["fail"]
@@ -321,6 +348,20 @@ class TeacherHarness(ScriptedTeacher, MiniSweAgentHarness):
                       ("I cannot find the problem; submitting.", SUBMIT_COMMAND)]
         thought, command = script[min(turn, len(script) - 1)]
         return Reply(content=thought, tool_calls=[ToolCall("bash", {"command": command})])
+
+
+def _command(message: Mapping[str, Any]) -> str | None:
+    """The bash command of an assistant message's first tool call, if any."""
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return None
+    arguments = calls[0]["function"]["arguments"]
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    return arguments.get("command") if isinstance(arguments, dict) else None
 
 
 HARNESSES = ("oracle", "teacher", "mini-swe-agent")

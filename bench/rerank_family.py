@@ -1,0 +1,136 @@
+"""Reranking where a lookup cannot: best-of-N on the bug-fix family, over seeds.
+
+On the settings family a held-out fix repeats a training one, so remembering the lines of the
+resolved training patches reranks nearly as well as the value model. On the bug-fix family the
+right value is drawn per task and read in the sandbox, so that lookup has little to go on.
+
+Per seed: the scripted teacher draws a script per rollout (``TeacherHarness(per_sample=True)``:
+the solving one with probability ``--solve``, else breaking a neighbour after the fix, or a
+decoy fix). It runs ``--train-n`` samples of each of ``--n-train`` training tasks, whose graded
+rollouts train a value model per ``--text-of``, and ``--n`` samples of each of ``--n-test``
+held-out tasks, the candidates. Each value model picks one candidate per task; the table sets
+it against a random pick, the lookup of training fixes, and an oracle pick.
+
+A decoy fix and the right one differ only in a value that the candidate's text (patch, actions)
+does not show the source of, so no reader of that text tells them apart; the breaking fix
+leaves a second hunk. The value model can gain only on the second kind of failure, and the
+table says how much of that it does.
+
+    .venv/bin/python bench/rerank_family.py --seeds 0 1 2 [--quick]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import BenchServer, base_parser, finish, print_table, write_json  # noqa: E402
+
+from orchard.env.client import SandboxClient  # noqa: E402
+from orchard.eval.evaluate import evaluate  # noqa: E402
+from orchard.eval.harness import TeacherHarness  # noqa: E402
+from orchard.eval.runner import RunConfig  # noqa: E402
+from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig  # noqa: E402
+from orchard.recipes.rerank import (  # noqa: E402
+    ValueModel,
+    known_fixes,
+    rerank_run,
+    training_examples,
+)
+from orchard.rollout.minisweagent import config_from_specs  # noqa: E402
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer  # noqa: E402
+from orchard.tasks.bugfix_family import bugfix_family  # noqa: E402
+
+PICKS = ("value", "random", "lookup", "oracle")
+
+
+def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[str, Any]:
+    tasks = bugfix_family(args.n_train, args.n_test, seed)
+    train = [t for t in tasks if t.split == "train"]
+    test = [t for t in tasks if t.split == "test"]
+    agent_config = config_from_specs([COMPACT_CONFIG])
+    runs, seconds = {}, {}
+    for split, split_tasks, n in (("train", train, args.train_n), ("test", test, args.n)):
+        started = time.monotonic()
+        runs[split] = root / split
+        harness = TeacherHarness(split_tasks, solve=args.solve, config=agent_config,
+                                 per_sample=True, seed=seed)
+        evaluate(split_tasks, harness, runs[split], client,
+                 config=RunConfig(out=runs[split], n=n, concurrency=args.concurrency))
+        seconds[split] = round(time.monotonic() - started, 1)
+    tokenizer = load_tokenizer(TEST_TOKENIZER)
+    fixes = known_fixes([runs["train"]])
+    out: dict[str, Any] = {"seconds": seconds, "text_of": {}}
+    for text_of in args.text_of:
+        started = time.monotonic()
+        value = ValueModel.tiny(tokenizer, replace(DemoConfig().value, seed=seed))
+        fit = value.train(training_examples([runs["train"]], train, text_of=text_of))
+        report = rerank_run(runs["test"], test, value, text_of=text_of, fixes=fixes)
+        overall = report["overall"]
+        out["text_of"][text_of] = {**{k: overall[k] for k in PICKS}, "train": fit,
+                                   "seconds": round(time.monotonic() - started, 1)}
+        if not args.quiet:
+            print(f"seed {seed} {text_of}: " + ", ".join(
+                f"{k} {100 * overall[k]:.1f}" for k in PICKS), flush=True)
+    return out
+
+
+def summarize(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for text_of in next(iter(per_seed.values()))["text_of"]:
+        summary[text_of] = {}
+        for pick in PICKS:
+            values = [s["text_of"][text_of][pick] for s in per_seed.values()]
+            se = (statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1
+                  else float("nan"))
+            summary[text_of][pick] = {"each": values, "mean": statistics.fmean(values),
+                                      "se_seeds": se}
+    return summary
+
+
+def report(args: Any, r: dict[str, Any]) -> None:
+    rows = [[text_of, *[f"{100 * s[p]['mean']:.1f} ± {100 * s[p]['se_seeds']:.1f}"
+                        for p in PICKS]] for text_of, s in r["summary"].items()]
+    print_table(f"best-of-{args.n} on {args.n_test} held-out bug-fix tasks, % resolved "
+                f"(mean ± SE over seeds {' '.join(map(str, r['seeds']))}; the teacher "
+                f"solves a sample with p={args.solve})", ["value model reads", *PICKS], rows)
+
+
+def main() -> int:
+    parser = base_parser(__doc__ or "")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--n-train", type=int, default=64)
+    parser.add_argument("--train-n", type=int, default=2, help="samples per training task")
+    parser.add_argument("--n-test", type=int, default=48)
+    parser.add_argument("--n", type=int, default=4, help="candidates per held-out task")
+    parser.add_argument("--solve", type=float, default=0.5)
+    parser.add_argument("--text-of", nargs="+", default=["patch", "both"],
+                        choices=("patch", "trajectory", "both"))
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("runs/rerank-family"))
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.n_train, args.n_test, args.n = args.seeds[:1], 8, 4, 2
+    results: dict[str, Any] = {"seeds": [], "per_seed": {}}
+    server = BenchServer()
+    with server, SandboxClient(server.url, timeout=600) as client:
+        for seed in args.seeds:
+            root = args.out / f"seed-{seed}"
+            if root.exists() and any(root.iterdir()):
+                raise SystemExit(f"{root} is not empty: give a new --out")
+            results["per_seed"][str(seed)] = one_seed(args, seed, client, root)
+            results["seeds"].append(seed)
+            results["summary"] = summarize(results["per_seed"])
+            write_json("rerank_family", args, results)
+    return finish("rerank_family", args, results, server, report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
