@@ -9,21 +9,24 @@ the solving one with probability ``--solve``, else breaking a neighbour after th
 decoy fix). It runs ``--train-n`` samples of each of ``--n-train`` training tasks, whose graded
 rollouts train a value model per ``--text-of``, and ``--n`` samples of each of ``--n-test``
 held-out tasks, the candidates. Each value model picks one candidate per task; the table sets
-it against a random pick, the lookup of training fixes, and an oracle pick.
+it against a random pick, the lookup of training fixes, a pick among the patches that change
+the fewest files, and an oracle pick.
 
 A decoy fix and the right one differ only in a value that the candidate's text (patch, actions)
 does not show the source of, so no reader of that text tells them apart; the breaking fix
-leaves a second hunk. The value model can gain only on the second kind of failure, and the
-table says how much of that it does.
+changes a second file, which the fewest-files pick sees. The value model can gain only on that
+second kind of failure, and the table says how much of it it does.
 
     .venv/bin/python bench/rerank_family.py --seeds 0 1 2 [--quick]
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
+from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from common import BenchServer, base_parser, finish, print_table, write_json  # 
 from orchard.env.client import SandboxClient  # noqa: E402
 from orchard.eval.evaluate import evaluate  # noqa: E402
 from orchard.eval.harness import TeacherHarness  # noqa: E402
+from orchard.eval.results import read_results  # noqa: E402
 from orchard.eval.runner import RunConfig  # noqa: E402
 from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig  # noqa: E402
 from orchard.recipes.rerank import (  # noqa: E402
@@ -47,7 +51,22 @@ from orchard.rollout.minisweagent import config_from_specs  # noqa: E402
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer  # noqa: E402
 from orchard.tasks.bugfix_family import bugfix_family  # noqa: E402
 
-PICKS = ("value", "random", "lookup", "oracle")
+PICKS = ("value", "random", "lookup", "fewest_files", "oracle")
+
+
+def fewest_files(run_dir: Path) -> float:
+    """The expected success of a random pick among each task's candidates whose patch changes
+    the fewest files (an empty patch counts as none to pick): the regex that sees the
+    neighbour-breaking failure, a second changed file."""
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for r in read_results(run_dir):
+        groups[r.instance_id].append(r)
+    rates = []
+    for candidates in groups.values():
+        files = [r.patch.count("diff --git") or math.inf for r in candidates]
+        picked = [r for r, f in zip(candidates, files, strict=True) if f == min(files)]
+        rates.append(sum(r.resolved for r in picked) / len(picked))
+    return statistics.fmean(rates)
 
 
 def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[str, Any]:
@@ -73,6 +92,7 @@ def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[st
         fit = value.train(training_examples([runs["train"]], train, text_of=text_of))
         report = rerank_run(runs["test"], test, value, text_of=text_of, fixes=fixes)
         overall = report["overall"]
+        overall["fewest_files"] = fewest_files(runs["test"])
         out["text_of"][text_of] = {**{k: overall[k] for k in PICKS}, "train": fit,
                                    "seconds": round(time.monotonic() - started, 1)}
         if not args.quiet:
