@@ -126,6 +126,29 @@ def test_gold_and_teacher_scripts_agree_with_the_hidden_tests(task: Task,
         assert not resolved(task, where)
 
 
+@pytest.mark.parametrize("task", [t for k in KINDS
+                                  for t in [t for t in TASKS if t.metadata["kind"] == k][:3]],
+                         ids=lambda t: t.instance_id)
+def test_the_teachers_fix_needs_no_value_it_has_not_read(task: Task, tmp_path: Path) -> None:
+    # The wrong value is never shown to the agent. The teacher's fix must work whatever it
+    # is, or its demonstrations would teach a policy to guess it.
+    fix, kind = task.metadata["fix"], task.metadata["kind"]
+    where = lay_out(task, tmp_path)
+    path = where / fix["path"]
+    if kind == "operator":
+        other = next(f"    return a {op} b" for op in "+-*"
+                     if f" {op} " not in fix["wrong"] + fix["right"])
+        head = f"def {fix['name']}(a, b):\n"
+        text = path.read_text().replace(head + fix["wrong"], head + other)
+    else:
+        other = f'{fix["name"]} = {"1234" if kind == "spec" else chr(34) + "zz" + chr(34)}'
+        text = path.read_text().replace(fix["wrong"] + "\n", other + "\n")
+    assert text != path.read_text()
+    path.write_text(text)
+    run(fix_commands(task.metadata["teacher"]["solve"]), where)
+    assert resolved(task, where)
+
+
 def test_a_policy_that_ignores_observations_scores_near_chance(tmp_path: Path) -> None:
     blind = blind_fix(TRAIN)
     outcomes: dict[str, list[bool]] = {k: [] for k in KINDS}

@@ -123,10 +123,20 @@ def _esc(s: str) -> str:
 
 
 def _sed(path: str, old: str, new: str, *, within: str | None = None) -> str:
-    """A sed command replacing the line ``old`` by ``new`` in ``path``; with ``within`` (a
-    function's name) only inside that function, since two helpers may share a line."""
+    """A sed command replacing the line that the basic regex ``old`` matches by ``new`` in
+    ``path``; with ``within`` (a function's name) only inside that function, since two
+    helpers may share a line."""
     where = f"/^def {within}(/,/return/ " if within else ""
-    return f"sed -i '{where}s/^{_esc(old)}$/{_esc(new)}/' {path}"
+    return f"sed -i '{where}s/^{old}$/{_esc(new)}/' {path}"
+
+
+def _buggy_line(kind: str, name: str) -> str:
+    """A regex for the buggy line built from the issue's words alone. A fix written with it
+    needs nothing the agent has not read: the wrong value is never shown, so a
+    demonstration that matched it would teach a policy to guess it."""
+    if kind == "operator":
+        return _esc("    return a ") + "." + _esc(" b")
+    return _esc(f"{name} = ") + ".*"
 
 
 def _bug(repo: _Repo, kind: str, rng: random.Random) -> dict[str, Any]:
@@ -171,9 +181,9 @@ def _neighbour_break(repo: _Repo, path: str) -> str:
     (or, when the bug is in config.py, the first string)."""
     if path.endswith("config.py"):
         k, v = next(iter(repo.strings.items()))
-        return _sed(f"{repo.pkg}/text.py", f'{k} = "{v}"', f'{k} = "{v}_"')
+        return _sed(f"{repo.pkg}/text.py", _esc(f'{k} = "{v}"'), f'{k} = "{v}_"')
     k, n = next(iter(repo.constants.items()))
-    return _sed(f"{repo.pkg}/config.py", f"{k} = {n}", f"{k} = {n + 1}")
+    return _sed(f"{repo.pkg}/config.py", _esc(f"{k} = {n}"), f"{k} = {n + 1}")
 
 
 def _task(rng: random.Random, index: int, split: str) -> Task:
@@ -184,14 +194,15 @@ def _task(rng: random.Random, index: int, split: str) -> Task:
     number = rng.randrange(1000, 10000)
     look = bug["look"]
     within = bug["name"] if kind == "operator" else None
+    buggy = _buggy_line(kind, bug["name"])
     fix = (f"The fix: `{right_line.strip()}`.",
-           _sed(bug["path"], wrong_line, right_line, within=within))
+           _sed(bug["path"], buggy, right_line, within=within))
     done = ("Fixed; submitting.", SUBMIT)
     breaking = _neighbour_break(repo, bug["path"])
     teacher = {"solve": [look, fix, done],
                "fail": [[look, fix, ("One more change.", breaking), done],
                         [look, (f"The fix: `{decoy_line.strip()}`.",
-                                _sed(bug["path"], wrong_line, decoy_line, within=within)),
+                                _sed(bug["path"], buggy, decoy_line, within=within)),
                          done]]}
     hidden, tests = repo.hidden_tests()
     right_files = repo.files(repo.constants, repo.functions, repo.strings)
@@ -227,12 +238,10 @@ def blind_fix(train: Sequence[Task]) -> Callable[[Task], str]:
         if not votes:
             return "true"
         guess = votes.most_common(1)[0][0]
-        if kind == "operator":
-            return (f"sed -i '/^def {fix['name']}(/,/return/ s/^    return a . b$/"
-                    f"{_esc(guess)}/' {fix['path']}")
-        head = _esc(fix["name"] + " = ")
-        tail = _esc(guess.removeprefix(fix["name"] + " = "))
-        return f"sed -i 's/^{head}.*$/{head}{tail}/' {fix['path']}"
+        if kind != "operator":  # the line most seen for another name: keep this one's name
+            guess = f"{fix['name']} = {guess.split(' = ', 1)[1]}"
+        return _sed(fix["path"], _buggy_line(kind, fix["name"]), guess,
+                    within=fix["name"] if kind == "operator" else None)
     return command
 
 
