@@ -7,17 +7,23 @@ right value is drawn per task and read in the sandbox, so that lookup has little
 Per seed: the scripted teacher draws a script per rollout (``TeacherHarness(per_sample=True)``:
 the solving one with probability ``--solve``, else breaking a neighbour after the fix, or a
 decoy fix). It runs ``--train-n`` samples of each of ``--n-train`` training tasks, whose graded
-rollouts train a value model per ``--text-of``, and ``--n`` samples of each of ``--n-test``
+rollouts train a value model per ``--readers`` entry, and ``--n`` samples of each of ``--n-test``
 held-out tasks, the candidates. Each value model picks one candidate per task; the table sets
 it against a random pick, the lookup of training fixes, a pick among the patches that change
 the fewest files, and an oracle pick.
 
-A decoy fix and the right one differ only in a value that the candidate's text (patch, actions)
-does not show the source of, so no reader of that text tells them apart; the breaking fix
-changes a second file, which the fewest-files pick sees. The value model can gain only on that
-second kind of failure, and the table says how much of it it does.
+A decoy fix and the right one differ only in a value that the patch and the actions do not
+show the source of; the breaking fix changes a second file, which the fewest-files pick sees.
+With ``--fail decoy`` the teacher fails only by decoys, so every candidate changes one line of
+one file, the same way, and no regex over the patch does better than chance. Only a reader of
+what the rollout saw (the ``observed`` text: the spec it printed, the test failure it ran
+into) can tell the right value from the decoy. A reader is ``backbone:text``: the tiny random
+value model or one on SmolLM2-135M (``smollm2``), reading the patch, the actions, both, or the
+actions with what they observed and the patch (see ``candidate_text``).
 
     .venv/bin/python bench/rerank_family.py --seeds 0 1 2 [--quick]
+    .venv/bin/python bench/rerank_family.py --fail decoy --tag decoy \
+        --readers tiny:patch tiny:observed smollm2:observed
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -41,7 +47,9 @@ from orchard.eval.harness import TeacherHarness  # noqa: E402
 from orchard.eval.results import read_results  # noqa: E402
 from orchard.eval.runner import RunConfig  # noqa: E402
 from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig  # noqa: E402
+from orchard.recipes.models import smollm2_dir  # noqa: E402
 from orchard.recipes.rerank import (  # noqa: E402
+    TextOf,
     ValueModel,
     known_fixes,
     rerank_run,
@@ -50,6 +58,7 @@ from orchard.recipes.rerank import (  # noqa: E402
 from orchard.rollout.minisweagent import config_from_specs  # noqa: E402
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer  # noqa: E402
 from orchard.tasks.bugfix_family import bugfix_family  # noqa: E402
+from orchard.tasks.model import Task  # noqa: E402
 
 PICKS = ("value", "random", "lookup", "fewest_files", "oracle")
 
@@ -69,8 +78,29 @@ def fewest_files(run_dir: Path) -> float:
     return statistics.fmean(rates)
 
 
+def decoys_only(task: Task) -> Task:
+    """``task`` whose teacher fails only by scripts that change nothing but the fix's file."""
+    path = task.metadata["fix"]["path"]
+    teacher = task.metadata["teacher"]
+    fail = [script for script in teacher["fail"]
+            if all(path in command for _, command in script if command.startswith("sed"))]
+    metadata = {**task.metadata, "teacher": {**teacher, "fail": fail}}
+    return task.model_copy(update={"metadata": metadata})
+
+
+def value_model(args: Any, backbone: str, seed: int) -> ValueModel:
+    # Room for the observations: a patch alone fits the demo's 256 tokens.
+    config = replace(DemoConfig().value, seed=seed, max_tokens=args.max_tokens)
+    if backbone == "smollm2":
+        return ValueModel.from_pretrained(smollm2_dir(), replace(
+            config, lr=args.value_lr, epochs=args.value_epochs))
+    return ValueModel.tiny(load_tokenizer(TEST_TOKENIZER), config)
+
+
 def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[str, Any]:
     tasks = bugfix_family(args.n_train, args.n_test, seed)
+    if args.fail == "decoy":
+        tasks = [decoys_only(t) for t in tasks]
     train = [t for t in tasks if t.split == "train"]
     test = [t for t in tasks if t.split == "test"]
     agent_config = config_from_specs([COMPACT_CONFIG])
@@ -83,43 +113,44 @@ def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[st
         evaluate(split_tasks, harness, runs[split], client,
                  config=RunConfig(out=runs[split], n=n, concurrency=args.concurrency))
         seconds[split] = round(time.monotonic() - started, 1)
-    tokenizer = load_tokenizer(TEST_TOKENIZER)
     fixes = known_fixes([runs["train"]])
-    out: dict[str, Any] = {"seconds": seconds, "text_of": {}}
-    for text_of in args.text_of:
+    out: dict[str, Any] = {"seconds": seconds, "readers": {}}
+    for reader in args.readers:
+        backbone, text_of = reader.split(":")
         started = time.monotonic()
-        value = ValueModel.tiny(tokenizer, replace(DemoConfig().value, seed=seed))
+        value = value_model(args, backbone, seed)
         fit = value.train(training_examples([runs["train"]], train, text_of=text_of))
         report = rerank_run(runs["test"], test, value, text_of=text_of, fixes=fixes)
         overall = report["overall"]
         overall["fewest_files"] = fewest_files(runs["test"])
-        out["text_of"][text_of] = {**{k: overall[k] for k in PICKS}, "train": fit,
+        out["readers"][reader] = {**{k: overall[k] for k in PICKS}, "train": fit,
                                    "seconds": round(time.monotonic() - started, 1)}
         if not args.quiet:
-            print(f"seed {seed} {text_of}: " + ", ".join(
+            print(f"seed {seed} {reader}: " + ", ".join(
                 f"{k} {100 * overall[k]:.1f}" for k in PICKS), flush=True)
     return out
 
 
 def summarize(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    for text_of in next(iter(per_seed.values()))["text_of"]:
-        summary[text_of] = {}
+    for reader in next(iter(per_seed.values()))["readers"]:
+        summary[reader] = {}
         for pick in PICKS:
-            values = [s["text_of"][text_of][pick] for s in per_seed.values()]
+            values = [s["readers"][reader][pick] for s in per_seed.values()]
             se = (statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1
                   else float("nan"))
-            summary[text_of][pick] = {"each": values, "mean": statistics.fmean(values),
+            summary[reader][pick] = {"each": values, "mean": statistics.fmean(values),
                                       "se_seeds": se}
     return summary
 
 
 def report(args: Any, r: dict[str, Any]) -> None:
-    rows = [[text_of, *[f"{100 * s[p]['mean']:.1f} ± {100 * s[p]['se_seeds']:.1f}"
-                        for p in PICKS]] for text_of, s in r["summary"].items()]
+    rows = [[reader, *[f"{100 * s[p]['mean']:.1f} ± {100 * s[p]['se_seeds']:.1f}"
+                       for p in PICKS]] for reader, s in r["summary"].items()]
     print_table(f"best-of-{args.n} on {args.n_test} held-out bug-fix tasks, % resolved "
                 f"(mean ± SE over seeds {' '.join(map(str, r['seeds']))}; the teacher "
-                f"solves a sample with p={args.solve})", ["value model reads", *PICKS], rows)
+                f"solves a sample with p={args.solve}; it fails by {args.fail})",
+                ["value model", *PICKS], rows)
 
 
 def main() -> int:
@@ -130,8 +161,18 @@ def main() -> int:
     parser.add_argument("--n-test", type=int, default=48)
     parser.add_argument("--n", type=int, default=4, help="candidates per held-out task")
     parser.add_argument("--solve", type=float, default=0.5)
-    parser.add_argument("--text-of", nargs="+", default=["patch", "both"],
-                        choices=("patch", "trajectory", "both"))
+    parser.add_argument("--readers", nargs="+", default=["tiny:patch", "tiny:both"],
+                        choices=[f"{b}:{t}" for b in ("tiny", "smollm2")
+                                 for t in get_args(TextOf)],
+                        help="value models, as backbone:text")
+    parser.add_argument("--fail", choices=("any", "decoy"), default="any",
+                        help="the teacher's failures: both kinds, or decoy fixes only")
+    parser.add_argument("--max-tokens", type=int, default=640,
+                        help="the value model's input budget")
+    parser.add_argument("--value-lr", type=float, default=2e-5,
+                        help="the value model's learning rate with --backbone smollm2")
+    parser.add_argument("--value-epochs", type=int, default=3,
+                        help="the value model's epochs with --backbone smollm2")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/rerank-family"))
     parser.add_argument("--quiet", action="store_true")

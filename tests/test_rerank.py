@@ -12,9 +12,11 @@ import torch
 from orchard.eval.results import Failure, RolloutResult, append_result
 from orchard.recipes.models import save_policy, tiny_llama
 from orchard.recipes.rerank import (
+    OBSERVATION_CHARS,
     PATCH_HEADER,
     ValueModel,
     ValueModelConfig,
+    action_summary,
     best_of_n,
     candidate_text,
     known_fixes,
@@ -22,6 +24,7 @@ from orchard.recipes.rerank import (
     rerank_run,
     training_examples,
 )
+from orchard.recipes.trajectories import Trajectory
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.trace import Trace
 from orchard.tasks import Task, file_diff, load_tasks
@@ -261,6 +264,32 @@ def test_best_of_n_rejects_bad_input():
         ValueModelConfig(hidden_size=40)
 
 
+def bash_turn(command: str) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [{
+        "id": "c", "type": "function",
+        "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
+
+
+def test_observed_summary_keeps_the_tail_of_what_each_action_got_back():
+    long = "\n".join(f"line {i}" for i in range(200)) + "\nFAILED test_a - should be 6"
+    trajectory = Trajectory(
+        rollout_id="r", instance_id="a", tools=[], resolved=False, reward=0.0,
+        messages=[{"role": "user", "content": "fix it"}, bash_turn("pytest"),
+                  {"role": "tool", "tool_call_id": "c", "content": long},
+                  bash_turn("cat SPEC.md"), {"role": "tool", "tool_call_id": "c",
+                                             "content": "- PORT: 8080"},
+                  {"role": "assistant", "content": "Done."}])
+    plain = action_summary(trajectory)
+    assert plain.splitlines() == ['1. bash({"command": "pytest"})',
+                                  '2. bash({"command": "cat SPEC.md"})', "3. Done."]
+    lines = action_summary(trajectory, observations=OBSERVATION_CHARS).splitlines()
+    assert lines[0] == '1. bash({"command": "pytest"})'
+    first = lines[1:lines.index('2. bash({"command": "cat SPEC.md"})')]
+    assert first[-1] == "   > FAILED test_a - should be 6" and "   > line 0" not in first
+    assert sum(len(x) - len("   > ") for x in first) <= OBSERVATION_CHARS
+    assert lines[-2:] == ["   > - PORT: 8080", "3. Done."]
+
+
 def write_trace(run_dir, rollout_id: str, command: str) -> str:
     """A trace with one chat call whose reply runs ``command`` through a bash tool."""
     call = {"index": 0, "endpoint": "/v1/chat/completions", "status": 200,
@@ -296,6 +325,10 @@ def test_rerank_run_and_training_examples(trained, tasks, split, tmp_path):
     text = candidate_text(by_id[first.instance_id], first.model_copy(
         update={"trace": f"traces/{first.rollout_id}.json"}), run_dir, text_of="both")
     assert '\n\n## Actions\n1. bash({"command": "sed -n 1,40p file0.py"})' + PATCH_HEADER in text
+    # Nothing came back after its one action: the observed text says no more.
+    assert candidate_text(by_id[first.instance_id], first.model_copy(
+        update={"trace": f"traces/{first.rollout_id}.json"}), run_dir,
+        text_of="observed") == text
     trajectory_only = candidate_text(by_id[first.instance_id], first, run_dir,
                                      text_of="trajectory")
     assert PATCH_HEADER not in trajectory_only and "## Actions" not in trajectory_only

@@ -42,32 +42,43 @@ from orchard.recipes.trajectories import Trajectory, from_result
 from orchard.rollout.tokenizer import load_tokenizer
 from orchard.tasks.model import Task
 
-TextOf = Literal["patch", "trajectory", "both"]
+TextOf = Literal["patch", "trajectory", "both", "observed"]
 PATCH_HEADER = "\n\n## Final patch\n"
 ACTION_CHARS = 200
+OBSERVATION_CHARS = 300
 CONFIG_FILE = "value_model.json"
 
 
 # --- candidate texts ----------------------------------------------------------------------------
 
-def action_summary(trajectory: Trajectory, *, chars: int = ACTION_CHARS) -> str:
+def action_summary(trajectory: Trajectory, *, chars: int = ACTION_CHARS,
+                   observations: int = 0) -> str:
     """One line per assistant turn: its tool calls as ``name(arguments)``, else its text,
-    each cut to ``chars`` characters."""
+    each cut to ``chars`` characters. With ``observations`` > 0, each is followed by what
+    came back before the next turn, its last ``observations`` characters indented (a test
+    run's verdict and failures are at its end)."""
     lines = []
-    for t, i in enumerate(trajectory.steps, 1):
+    steps = trajectory.steps
+    for t, i in enumerate(steps, 1):
         message = trajectory.messages[i]
         calls = [f"{c['function']['name']}({c['function']['arguments']})"
                  for c in message.get("tool_calls") or []]
         action = " ".join(" ".join(calls or [message.get("content") or ""]).split())
         lines.append(f"{t}. {action[:chars]}")
+        if observations:
+            end = steps[t] if t < len(steps) else len(trajectory.messages)
+            seen = "\n".join(str(m.get("content") or "")
+                              for m in trajectory.messages[i + 1:end]).strip()
+            lines += [f"   > {line}" for line in seen[-observations:].splitlines()]
     return "\n".join(lines)
 
 
 def candidate_text(task: AnyTask, result: RolloutResult,
                    run_dir: str | Path | None = None, *, text_of: TextOf = "patch") -> str:
     """The text the value model scores: problem statement, then (``trajectory``/``both``) the
-    actions when the rollout has a readable trace in ``run_dir``, then (``patch``/``both``)
-    the final patch under :data:`PATCH_HEADER`."""
+    actions when the rollout has a readable trace in ``run_dir`` (``observed``: each with the
+    tail of what it got back), then (all but ``trajectory``) the final patch under
+    :data:`PATCH_HEADER`."""
     if text_of not in get_args(TextOf):
         raise ValueError(f"text_of must be one of {get_args(TextOf)}, not {text_of!r}")
     if result.instance_id != task.instance_id:
@@ -77,7 +88,9 @@ def candidate_text(task: AnyTask, result: RolloutResult,
     text = f"## Problem\n{statement.strip()}"
     if text_of != "patch" and result.trace is not None and run_dir is not None:
         try:
-            actions = action_summary(from_result(result, Path(run_dir)))
+            actions = action_summary(
+                from_result(result, Path(run_dir)),
+                observations=OBSERVATION_CHARS if text_of == "observed" else 0)
         except (ValueError, OSError):
             actions = ""  # no conversation to summarise: the rest still says something
         if actions:
