@@ -19,15 +19,18 @@ one file, the same way, and no regex over the patch does better than chance. Onl
 what the rollout saw (the ``observed`` text: the spec it printed, the test failure it ran
 into) can tell the right value from the decoy. A reader is ``backbone:text``: the tiny random
 value model or one on SmolLM2-135M (``smollm2``), reading the patch, the actions, both, or the
-actions with what they observed and the patch (see ``candidate_text``).
+actions with what they observed and the patch (see ``candidate_text``). ``smollm2:likelihood``
+trains nothing: it picks the candidate whose actions untrained SmolLM2 finds most likely, each
+given the conversation before it (``likelihood_rerank``).
 
     .venv/bin/python bench/rerank_family.py --seeds 0 1 2 [--quick]
     .venv/bin/python bench/rerank_family.py --fail decoy --tag decoy \
-        --readers tiny:patch tiny:observed smollm2:observed
+        --readers tiny:patch tiny:observed smollm2:likelihood
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
@@ -39,6 +42,7 @@ from typing import Any, get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch  # noqa: E402
 from common import BenchServer, base_parser, finish, print_table, write_json  # noqa: E402
 
 from orchard.env.client import SandboxClient  # noqa: E402
@@ -47,11 +51,12 @@ from orchard.eval.harness import TeacherHarness  # noqa: E402
 from orchard.eval.results import read_results  # noqa: E402
 from orchard.eval.runner import RunConfig  # noqa: E402
 from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig  # noqa: E402
-from orchard.recipes.models import smollm2_dir  # noqa: E402
+from orchard.recipes.models import load_policy, smollm2_dir  # noqa: E402
 from orchard.recipes.rerank import (  # noqa: E402
     TextOf,
     ValueModel,
     known_fixes,
+    likelihood_rerank,
     rerank_run,
     training_examples,
 )
@@ -97,6 +102,12 @@ def value_model(args: Any, backbone: str, seed: int) -> ValueModel:
     return ValueModel.tiny(load_tokenizer(TEST_TOKENIZER), config)
 
 
+@functools.cache
+def scoring_lm() -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct as it comes, in float32 (the CPU's fast path)."""
+    return load_policy(smollm2_dir(), dtype=torch.float32)
+
+
 def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[str, Any]:
     tasks = bugfix_family(args.n_train, args.n_test, seed)
     if args.fail == "decoy":
@@ -118,9 +129,13 @@ def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[st
     for reader in args.readers:
         backbone, text_of = reader.split(":")
         started = time.monotonic()
-        value = value_model(args, backbone, seed)
-        fit = value.train(training_examples([runs["train"]], train, text_of=text_of))
-        report = rerank_run(runs["test"], test, value, text_of=text_of, fixes=fixes)
+        fit: dict[str, Any] = {}
+        if text_of == "likelihood":
+            report = likelihood_rerank(runs["test"], test, *scoring_lm(), fixes=fixes)
+        else:
+            value = value_model(args, backbone, seed)
+            fit = value.train(training_examples([runs["train"]], train, text_of=text_of))
+            report = rerank_run(runs["test"], test, value, text_of=text_of, fixes=fixes)
         overall = report["overall"]
         overall["fewest_files"] = fewest_files(runs["test"])
         out["readers"][reader] = {**{k: overall[k] for k in PICKS}, "train": fit,
@@ -163,8 +178,9 @@ def main() -> int:
     parser.add_argument("--solve", type=float, default=0.5)
     parser.add_argument("--readers", nargs="+", default=["tiny:patch", "tiny:both"],
                         choices=[f"{b}:{t}" for b in ("tiny", "smollm2")
-                                 for t in get_args(TextOf)],
-                        help="value models, as backbone:text")
+                                 for t in get_args(TextOf)] + ["smollm2:likelihood"],
+                        help="value models, as backbone:text; smollm2:likelihood ranks by "
+                             "the untrained model's mean log-prob of the actions")
     parser.add_argument("--fail", choices=("any", "decoy"), default="any",
                         help="the teacher's failures: both kinds, or decoy fixes only")
     parser.add_argument("--max-tokens", type=int, default=640,
@@ -175,6 +191,8 @@ def main() -> int:
                         help="the value model's epochs with --backbone smollm2")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/rerank-family"))
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the rollouts already in --out (same arguments)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -184,8 +202,9 @@ def main() -> int:
     with server, SandboxClient(server.url, timeout=600) as client:
         for seed in args.seeds:
             root = args.out / f"seed-{seed}"
-            if root.exists() and any(root.iterdir()):
-                raise SystemExit(f"{root} is not empty: give a new --out")
+            if root.exists() and any(root.iterdir()) and not args.reuse:
+                raise SystemExit(f"{root} is not empty: give a new --out, or --reuse to "
+                                 "rerank the rollouts it holds (it finishes missing ones)")
             results["per_seed"][str(seed)] = one_seed(args, seed, client, root)
             results["seeds"].append(seed)
             results["summary"] = summarize(results["per_seed"])

@@ -16,15 +16,18 @@ from orchard.recipes.rerank import (
     PATCH_HEADER,
     ValueModel,
     ValueModelConfig,
+    action_likelihood,
     action_summary,
     best_of_n,
     candidate_text,
     known_fixes,
+    likelihood_rerank,
     report_table,
     rerank_run,
     training_examples,
 )
-from orchard.recipes.trajectories import Trajectory
+from orchard.recipes.sft import tokenize_conversation
+from orchard.recipes.trajectories import Trajectory, from_result
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.trace import Trace
 from orchard.tasks import Task, file_diff, load_tasks
@@ -290,6 +293,33 @@ def test_observed_summary_keeps_the_tail_of_what_each_action_got_back():
     assert lines[-2:] == ["   > - PORT: 8080", "3. Done."]
 
 
+def test_action_likelihood_is_the_mean_log_prob_of_the_assistant_turns(tokenizer):
+    lm = tiny_llama(tokenizer, hidden_size=32, layers=1, seed=4)
+    messages = [{"role": "user", "content": "fix PORT"}, bash_turn("cat SPEC.md"),
+                {"role": "tool", "tool_call_id": "c", "content": "- PORT: 8080"},
+                bash_turn("sed -i s/PORT.*/PORT=8080/ config.py"),
+                {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+
+    def likelihood(msgs):
+        return action_likelihood(lm, tokenizer, Trajectory(
+            rollout_id="r", instance_id="a", messages=msgs, tools=[], resolved=False,
+            reward=0.0))
+
+    score = likelihood(messages)
+    ids, mask, _ = tokenize_conversation(tokenizer, messages, None, [0, 1])
+    with torch.no_grad():
+        logits = lm(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    picked = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    wanted = torch.tensor(mask[1:], dtype=torch.bool)
+    assert score == pytest.approx(picked[wanted].mean().item(), abs=1e-5)
+    # The model reads forwards: what came back after the last action cannot change it, what
+    # came back before an action does.
+    assert likelihood(messages[:-1] + [{**messages[-1], "content": "failed"}]) == \
+        pytest.approx(score, abs=1e-6)
+    assert likelihood(messages[:2] + [{**messages[2], "content": "- PORT: 9090"}]
+                      + messages[3:]) != pytest.approx(score, abs=1e-6)
+
+
 def write_trace(run_dir, rollout_id: str, command: str) -> str:
     """A trace with one chat call whose reply runs ``command`` through a bash tool."""
     call = {"index": 0, "endpoint": "/v1/chat/completions", "status": 200,
@@ -346,3 +376,13 @@ def test_rerank_run_and_training_examples(trained, tasks, split, tmp_path):
         rerank_run(run_dir, tasks[:1], model)
     with pytest.raises(FileNotFoundError, match="no rollouts"):
         training_examples([tmp_path], tasks)
+
+    lm, tokenizer = tiny_llama(model.tokenizer, hidden_size=32, layers=1, seed=5), model.tokenizer
+    by_likelihood = likelihood_rerank(run_dir, tasks, lm, tokenizer)
+    check_invariants(by_likelihood, chosen)
+    for tid, rs in chosen.items():
+        scores = [action_likelihood(lm, tokenizer, from_result(
+            r.model_copy(update={"trace": f"traces/{r.rollout_id}.json"}), run_dir))
+            for r in rs]
+        assert len(set(scores)) == len(scores)  # each sample ran another command
+        assert by_likelihood["tasks"][tid]["pick"] == scores.index(max(scores))

@@ -37,7 +37,8 @@ from transformers import (
 
 from orchard.eval.harness import AnyTask
 from orchard.eval.results import RolloutResult, read_results
-from orchard.recipes.loss import pad_right
+from orchard.recipes.loss import pad_right, shift, token_logprobs
+from orchard.recipes.sft import ChatTemplateError, tokenize_conversation
 from orchard.recipes.trajectories import Trajectory, from_result
 from orchard.rollout.tokenizer import load_tokenizer
 from orchard.tasks.model import Task
@@ -353,19 +354,25 @@ def best_of_n(candidates_by_task: Mapping[str, Sequence[RolloutResult]],
     return {"overall": overall, "tasks": tasks}
 
 
-def rerank_run(run_dir: str | Path, tasks: Iterable[AnyTask], model: ValueModel, *,
-               text_of: TextOf = "patch", fixes: set[str] | None = None) -> dict[str, Any]:
-    """Best-of-N over a run with several samples per task (its graded rollouts); ``fixes``
-    adds the lookup pick (see ``best_of_n``)."""
+def candidates(run_dir: str | Path, tasks: Iterable[AnyTask]) -> dict[str, list[RolloutResult]]:
+    """A run's graded rollouts grouped by task, each group in sample order."""
     run_dir = Path(run_dir)
-    by_id = _task_map(tasks)
     results = read_results(run_dir)
     if not results:
         raise FileNotFoundError(f"{run_dir} holds no rollouts: is it the --out of an "
                                 "`orchard eval` run?")
     groups: dict[str, list[RolloutResult]] = defaultdict(list)
-    for r in sorted(_graded(results, by_id, run_dir), key=lambda r: r.key):
+    for r in sorted(_graded(results, _task_map(tasks), run_dir), key=lambda r: r.key):
         groups[r.instance_id].append(r)
+    return dict(groups)
+
+
+def rerank_run(run_dir: str | Path, tasks: Iterable[AnyTask], model: ValueModel, *,
+               text_of: TextOf = "patch", fixes: set[str] | None = None) -> dict[str, Any]:
+    """Best-of-N over a run with several samples per task (its graded rollouts); ``fixes``
+    adds the lookup pick (see ``best_of_n``)."""
+    by_id = _task_map(tasks)
+    groups = candidates(run_dir, by_id.values())
     texts = {tid: [candidate_text(by_id[tid], r, run_dir, text_of=text_of) for r in rs]
              for tid, rs in groups.items()}
     flat = model.score([t for ts in texts.values() for t in ts])
@@ -374,6 +381,51 @@ def rerank_run(run_dir: str | Path, tasks: Iterable[AnyTask], model: ValueModel,
         scores[tid], start = flat[start:start + len(ts)], start + len(ts)
     report = best_of_n(groups, scores, fixes=fixes)
     report["run"] = {"run_dir": str(run_dir), "text_of": text_of}
+    return report
+
+
+# --- reranking by likelihood --------------------------------------------------------------------
+
+@torch.no_grad()
+def action_likelihood(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
+                      trajectory: Trajectory) -> float:
+    """The mean log-probability a causal LM gives a trajectory's assistant turns, each given
+    the conversation before it (so what the agent read is in view); -inf for a conversation
+    the chat template cannot render faithfully. Ranking samples by it needs no training
+    (Codex's mean log-p reranking). A pretrained model's in-context copying favours a value
+    the agent read over one it never saw."""
+    try:
+        ids, mask, _ = tokenize_conversation(tokenizer, trajectory.messages, trajectory.tools,
+                                             range(len(trajectory.steps)))
+    except ChatTemplateError:
+        return -math.inf
+    device = next(model.parameters()).device
+    targets = shift(torch.tensor([mask], dtype=torch.bool, device=device))
+    if not targets.any():
+        return -math.inf
+    logprobs, _ = token_logprobs(model, torch.tensor([ids], device=device), mask=targets,
+                                 entropy=False)
+    return (logprobs[targets].sum() / targets.sum()).item()
+
+
+def likelihood_rerank(run_dir: str | Path, tasks: Iterable[AnyTask], model: PreTrainedModel,
+                      tokenizer: PreTrainedTokenizerFast, *,
+                      fixes: set[str] | None = None) -> dict[str, Any]:
+    """Best-of-N over a run by :func:`action_likelihood` under ``model`` (a rollout without a
+    conversation ranks last)."""
+    groups = candidates(run_dir, tasks)
+    scores = {}
+    for tid, rs in groups.items():
+        scores[tid] = []
+        for r in rs:
+            try:
+                trajectory = from_result(r, Path(run_dir))
+            except (ValueError, OSError):
+                scores[tid].append(-math.inf)
+                continue
+            scores[tid].append(action_likelihood(model, tokenizer, trajectory))
+    report = best_of_n(groups, scores, fixes=fixes)
+    report["run"] = {"run_dir": str(run_dir), "scorer": "likelihood"}
     return report
 
 
