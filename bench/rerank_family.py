@@ -108,6 +108,16 @@ def scoring_lm() -> tuple[Any, Any]:
     return load_policy(smollm2_dir(), dtype=torch.float32)
 
 
+def by_kind(report: dict[str, Any], tasks: list[Task]) -> dict[str, dict[str, float]]:
+    """The value, random and oracle picks' means over each kind's tasks."""
+    kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for task in tasks:
+        kinds[task.metadata["kind"]].append(report["tasks"][task.instance_id])
+    return {kind: {k: statistics.fmean(t[k] for t in picks) for k in ("value", "random",
+                                                                        "oracle")}
+            for kind, picks in kinds.items()}
+
+
 def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[str, Any]:
     tasks = bugfix_family(args.n_train, args.n_test, seed)
     if args.fail == "decoy":
@@ -139,6 +149,7 @@ def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[st
         overall = report["overall"]
         overall["fewest_files"] = fewest_files(runs["test"])
         out["readers"][reader] = {**{k: overall[k] for k in PICKS}, "train": fit,
+                                   "by_kind": by_kind(report, test),
                                    "seconds": round(time.monotonic() - started, 1)}
         if not args.quiet:
             print(f"seed {seed} {reader}: " + ", ".join(

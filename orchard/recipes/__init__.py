@@ -35,7 +35,13 @@ from orchard.recipes.montecarlo import (
     Continuation,
     MonteCarloAnnotator,
 )
-from orchard.recipes.rerank import ValueModel, ValueModelConfig, best_of_n, rerank_run
+from orchard.recipes.rerank import (
+    ValueModel,
+    ValueModelConfig,
+    best_of_n,
+    likelihood_rerank,
+    rerank_run,
+)
 from orchard.recipes.rl import PolicySampler, RLConfig, policy_update, train_rl
 from orchard.recipes.serving import PolicyEngine, PolicyServer
 from orchard.recipes.sft import (
@@ -60,7 +66,8 @@ __all__ = [
     "Rollout", "SFTConfig", "SFTExample", "Trajectory", "ValueCurve", "ValueModel",
     "ValueModelConfig", "annotate_all", "assemble", "bar_group", "best_of_n",
     "build_sft_dataset", "fill_batch", "filter_group", "grpo_advantages", "interpolate",
-    "key_steps", "load_examples", "load_policy", "load_trajectories", "masked_nll",
+    "key_steps", "likelihood_rerank", "load_examples", "load_policy", "load_trajectories",
+    "masked_nll",
     "pad_right", "ppo_clip_loss", "policy_update", "pretrained", "rerank_run", "run_demo",
     "save_examples", "save_policy", "select_turns", "sft_train", "shift", "smollm2_dir",
     "tiny_llama", "to_dataset", "token_logprobs", "tokenize_conversation", "train_rl",

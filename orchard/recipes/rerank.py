@@ -5,8 +5,10 @@ expectation), an oracle pick (any candidate resolved) and, given the training ru
 lookup pick (a candidate adding a line that a resolved training patch added).
 
 A candidate's text is the problem statement, optionally the agent's actions (one line per
-assistant turn), and the final patch, last, under :data:`PATCH_HEADER`; when it is too long,
-the model keeps the patch and cuts the middle of what comes before it.
+assistant turn, with the tail of what each got back for ``observed``), and the final patch,
+last, under :data:`PATCH_HEADER`; when it is too long, the model keeps the patch and cuts the
+middle of what comes before it. ``likelihood_rerank`` needs no training: it picks the
+candidate whose actions a causal LM finds most likely given what came before them.
 
     model = ValueModel.from_pretrained(smollm2_dir())
     model.train(training_examples(["runs/a", "runs/b"], tasks, text_of="both"))
