@@ -397,7 +397,7 @@ def test_summarize() -> None:
 def test_results_file_round_trip(tmp_path: Path) -> None:
     for r in RESULTS:
         append_result(tmp_path, r)
-    assert read_results(tmp_path) == RESULTS
+    assert read_results(tmp_path) == RESULTS == read_results(str(tmp_path))
     # The same rollout again (a rerun) wins over the earlier line.
     again = rollout("task-b", 1, True)
     append_result(tmp_path, again)

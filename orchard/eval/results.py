@@ -137,9 +137,9 @@ def append_result(run_dir: Path, result: RolloutResult) -> None:
         os.fsync(f.fileno())
 
 
-def read_results(run_dir: Path) -> list[RolloutResult]:
+def read_results(run_dir: str | Path) -> list[RolloutResult]:
     """Finished rollouts; a last line cut short by a crash is ignored (that rollout reruns)."""
-    path = run_dir / ROLLOUTS_FILE
+    path = Path(run_dir) / ROLLOUTS_FILE
     if not path.exists():
         return []
     out: dict[tuple[str, int], RolloutResult] = {}
