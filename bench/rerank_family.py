@@ -197,9 +197,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=640,
                         help="the value model's input budget")
     parser.add_argument("--value-lr", type=float, default=2e-5,
-                        help="the value model's learning rate with --backbone smollm2")
+                        help="the learning rate of smollm2 value-model readers")
     parser.add_argument("--value-epochs", type=int, default=3,
-                        help="the value model's epochs with --backbone smollm2")
+                        help="the epochs of smollm2 value-model readers")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/rerank-family"))
     parser.add_argument("--reuse", action="store_true",

@@ -141,7 +141,7 @@ def test_the_teachers_fix_needs_no_value_it_has_not_read(task: Task, tmp_path: P
         head = f"def {fix['name']}(a, b):\n"
         text = path.read_text().replace(head + fix["wrong"], head + other)
     else:
-        other = f'{fix["name"]} = {"1234" if kind == "spec" else chr(34) + "zz" + chr(34)}'
+        other = f'{fix["name"]} = ' + ("1234" if kind == "spec" else '"zz"')
         text = path.read_text().replace(fix["wrong"] + "\n", other + "\n")
     assert text != path.read_text()
     path.write_text(text)

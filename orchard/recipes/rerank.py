@@ -107,9 +107,13 @@ def _task_map(tasks: Iterable[AnyTask]) -> dict[str, AnyTask]:
     return {t.instance_id: t for t in tasks}
 
 
-def _graded(results: Iterable[RolloutResult], by_id: Mapping[str, AnyTask],
-            run_dir: Path) -> list[RolloutResult]:
-    """Rollouts whose outcome is known: a grading failure says nothing about the patch."""
+def _graded(run_dir: Path, by_id: Mapping[str, AnyTask]) -> list[RolloutResult]:
+    """The run's rollouts whose outcome is known: a grading failure says nothing about the
+    patch."""
+    results = read_results(run_dir)
+    if not results:
+        raise FileNotFoundError(f"{run_dir} holds no rollouts: is it the --out of an "
+                                "`orchard eval` run?")
     kept = [r for r in results if not (r.failure and r.failure.cls == "grading")]
     missing = sorted({r.instance_id for r in kept} - set(by_id))
     if missing:
@@ -125,12 +129,8 @@ def training_examples(run_dirs: Iterable[str | Path], tasks: Iterable[AnyTask],
     by_id = _task_map(tasks)
     examples = []
     for run_dir in map(Path, run_dirs):
-        results = read_results(run_dir)
-        if not results:
-            raise FileNotFoundError(f"{run_dir} holds no rollouts: is it the --out of an "
-                                    "`orchard eval` run?")
         examples += [(candidate_text(by_id[r.instance_id], r, run_dir, text_of=text_of),
-                      r.resolved) for r in _graded(results, by_id, run_dir)]
+                      r.resolved) for r in _graded(run_dir, by_id)]
     return examples
 
 
@@ -358,13 +358,8 @@ def best_of_n(candidates_by_task: Mapping[str, Sequence[RolloutResult]],
 
 def candidates(run_dir: str | Path, tasks: Iterable[AnyTask]) -> dict[str, list[RolloutResult]]:
     """A run's graded rollouts grouped by task, each group in sample order."""
-    run_dir = Path(run_dir)
-    results = read_results(run_dir)
-    if not results:
-        raise FileNotFoundError(f"{run_dir} holds no rollouts: is it the --out of an "
-                                "`orchard eval` run?")
     groups: dict[str, list[RolloutResult]] = defaultdict(list)
-    for r in sorted(_graded(results, _task_map(tasks), run_dir), key=lambda r: r.key):
+    for r in sorted(_graded(Path(run_dir), _task_map(tasks)), key=lambda r: r.key):
         groups[r.instance_id].append(r)
     return dict(groups)
 
