@@ -54,6 +54,9 @@ class Settings(BaseModel):
     exec_wait_margin: float = Field(
         30, gt=0, description="A blocking exec answers by its timeout plus this, finished or "
         "not; an unfinished one answers {job_id, status} for the client to follow.")
+    allow_io_uring: bool = Field(
+        False, description="Let local sandboxes use io_uring (refused by their seccomp filter "
+        "by default: its work runs outside the filter's view).")
     max_json_body: int = Field(64 << 20, description="Largest JSON request body, bytes.")
     max_upload_bytes: int = Field(8 << 30, description="Largest raw upload, bytes.")
 

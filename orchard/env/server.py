@@ -42,7 +42,8 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
 
         return LocalBackend(settings.data_dir / "local", die_with_orchestrator=embedded,
                             model_proxy=settings.model_proxy, cache_dir=settings.cache_dir,
-                            egress_refresh=settings.egress_refresh)
+                            egress_refresh=settings.egress_refresh,
+                            allow_io_uring=settings.allow_io_uring)
     if settings.backend == "kubernetes":
         from orchard.env.backends.kubernetes import KubernetesBackend
 

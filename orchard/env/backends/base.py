@@ -7,6 +7,8 @@ source of truth for reconciliation) and deletes completely and idempotently.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -50,6 +52,12 @@ class SnapshotMade:
 
 class SpecRejected(ValueError):
     """The backend cannot run this spec (e.g. an image it cannot resolve); says what to change."""
+
+
+def agent_token(secret: bytes, sandbox_id: str) -> str:
+    """Per-sandbox and derivable from the backend's secret, so nothing is stored, and a
+    sandbox that reads its own token can reach no other sandbox's agent."""
+    return hmac.new(secret, sandbox_id.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)

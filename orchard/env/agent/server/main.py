@@ -56,7 +56,7 @@ def _serve(sock, token):
 
 
 def main(argv):
-    unix = tcp = token_file = token_env = None
+    unix = tcp = token_file = token_env = listen_fd = None
     ready_fd = None
     forwards = {}  # listening socket -> Unix socket path it relays to
     args = iter(argv)
@@ -73,6 +73,10 @@ def main(argv):
             s.bind((host, int(port)))
             s.listen(128)
             forwards[s] = target
+        elif a == "--listen-fd":
+            # A socket already bound and listening, made by whoever started us (the local
+            # backend binds it on the host, where the sandbox cannot replace it).
+            listen_fd = int(next(args))
         elif a == "--tcp":
             tcp = next(args)
         elif a == "--token-file":
@@ -89,6 +93,8 @@ def main(argv):
         with open(token_file, "rb") as f:
             token = f.read().strip()
     socks = []
+    if listen_fd is not None:
+        socks.append(socket.socket(fileno=listen_fd))
     if unix:
         if os.path.exists(unix):
             os.unlink(unix)
@@ -103,7 +109,7 @@ def main(argv):
         s.bind((host.strip("[]"), int(port)))
         socks.append(s)
     if not socks:
-        sys.exit("orchard-agent: give --unix PATH and/or --tcp HOST:PORT")
+        sys.exit("orchard-agent: give --listen-fd FD, --unix PATH and/or --tcp HOST:PORT")
     for s in socks:
         s.listen(512)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)

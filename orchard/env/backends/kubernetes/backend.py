@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import logging
 import os
 import secrets
@@ -29,6 +27,7 @@ from orchard.env.backends.base import (
     SandboxSpec,
     SnapshotMade,
     SpecRejected,
+    agent_token,
 )
 from orchard.env.backends.kubernetes.calls import ApiCaller, not_found
 from orchard.env.backends.kubernetes.config import KubernetesConfig
@@ -50,12 +49,6 @@ log = logging.getLogger("orchard.env.kubernetes")
 # Waiting reasons that no amount of waiting fixes: fail the create at once, saying why.
 _HOPELESS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                        "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull"})
-
-
-def agent_token(secret: bytes, sandbox_id: str) -> str:
-    """Per-sandbox and derivable by every replica from the shared secret, so nothing is
-    stored, and a sandbox that reads its own token can reach no other sandbox's agent."""
-    return hmac.new(secret, sandbox_id.encode(), hashlib.sha256).hexdigest()
 
 
 def pod_ready(pod: Pod | None) -> bool:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from orchard.env.backends.base import (
     SandboxSpec,
     SnapshotMade,
     SpecRejected,
+    agent_token,
 )
 from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
@@ -61,7 +63,8 @@ class LocalBackend:
 
     def __init__(self, data_dir: Path, ready_timeout: float = 30.0,
                  die_with_orchestrator: bool = False, model_proxy: str | None = None,
-                 cache_dir: Path | None = None, egress_refresh: float = 30.0) -> None:
+                 cache_dir: Path | None = None, egress_refresh: float = 30.0,
+                 allow_io_uring: bool = False) -> None:
         if os.geteuid() != 0:
             raise BackendError(
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
@@ -79,9 +82,11 @@ class LocalBackend:
         self.data_dir = data_dir
         self.sandboxes_dir = data_dir / "sandboxes"
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
-        # bwrap runs as each sandbox's uid and must search these (see launch.sh).
+        # Only host root may enter: images and snapshots hold files owned by host ids, set-id
+        # bits included, and bwrap needs none of it (launch.sh stages what it binds).
         for d in (data_dir, self.sandboxes_dir):
-            d.chmod(0o755)
+            d.chmod(0o700)
+        self._secret = _agent_secret(data_dir / "agent.secret")
         self.uid_ranges = UidRanges()
         self.ready_timeout = ready_timeout
         # An embedded orchestrator's sandboxes must not outlive its process (nobody could
@@ -93,17 +98,17 @@ class LocalBackend:
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}
         self._slirps: dict[str, subprocess.Popen[bytes]] = {}
         cache = cache_dir or data_dir
+        (cache / "images").mkdir(mode=0o700, parents=True, exist_ok=True)
+        (cache / "images").chmod(0o700)
         self.images = ImageStore(cache / "images")
         # Built on the first browser action (see prepare_browser), seen live by every sandbox.
         browser = cache / "browser"
         browser.mkdir(mode=0o755, parents=True, exist_ok=True)
         self._browser_ready = False
-        # bwrap sees only the data dir (see launch.sh): a bundle elsewhere (a shared cache
-        # dir, a symlinked bundle dir) is bound onto bundle-view for it.
         self.launcher = Launcher.prepare(data_dir, ensure_bundle(cache / "bundle"), browser)
         self.bundle = self.launcher.bundle
         self.cgroups = CgroupManager(cgroup_group(data_dir))
-        self.seccomp_path = write_filter(data_dir / "seccomp.bpf")
+        self.seccomp_path = write_filter(data_dir / "seccomp.bpf", allow_io_uring)
         self.snapshots = SnapshotLayers(data_dir / "snapshots", self.sandboxes_dir)
         self.snapshots.remove_partials()
         # Teardown threads mostly sleep, waiting for killed processes to leave their cgroups;
@@ -168,9 +173,11 @@ class LocalBackend:
         # so a crash at any later point leaves something the reconcile pass will find.
         # With a disk quota, upper and work are made here and copied into its file system.
         layers = sdir / quota.DISK_DIR if spec.disk and quota.unavailable() is None else sdir
-        for sub in (layers / "upper", layers / "work", sdir / "root", sdir / "ctl"):
+        for sub in (layers / "upper", layers / "work", sdir / "stage", sdir / "ctl"):
             sub.mkdir(parents=True, exist_ok=True)
-        sdir.chmod(0o755)
+        sdir.chmod(0o700)
+        # Host root's, and read-only inside: the sandbox cannot replace what is in it.
+        (sdir / "ctl").chmod(0o755)
         try:
             limits = self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
         except (ValueError, CgroupError) as e:
@@ -186,6 +193,7 @@ class LocalBackend:
         # the holder keeps that end, so the network goes when the sandbox does.
         net_r, net_w = os.pipe() if not spec.block_network else (-1, -1)
         userns_fd, lower_fds = -1, []
+        token = spec.agent_token or agent_token(self._secret, spec.sandbox_id)
         try:
             lower = self.launcher.host_skeleton if image.kind == "host" else image.rootfs
             assert lower is not None
@@ -198,8 +206,9 @@ class LocalBackend:
                               if spec.disk else quota.not_requested())
             with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
                 procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
-                argv = self.launcher.argv(spec, image, sdir, procs, bpf.fileno(), block_r,
-                                          uid, userns_fd, lower_fds, layers)
+                argv = self.launcher.argv(
+                    spec, image, sdir, procs, bpf.fileno(), block_r, uid, userns_fd,
+                    lower_fds, sdir / quota.DISK_IMAGE if layers != sdir else None)
                 fds = tuple(fd for fd in (bpf.fileno(), block_r, block_w, net_w, userns_fd,
                                           *lower_fds) if fd is not None and fd >= 0)
                 proc = subprocess.Popen(
@@ -210,15 +219,17 @@ class LocalBackend:
                 os.close(fd)
             userns_fd, lower_fds = -1, []
             self._launchers[spec.sandbox_id] = proc
-            # Its mount namespace holds the upper dir of a disk-quota sandbox (see snapshot).
-            (sdir / "launcher.pid").write_text(str(proc.pid))
             if spec.model_proxy:
                 (sdir / "model-proxy").touch()  # so an adopting orchestrator re-opens the relay
                 await self.relays.open(spec.sandbox_id, sdir / "ctl", uid)
             holder = await self._await_holder(spec.sandbox_id, proc)
+            # Its mount namespace holds the upper dir of a disk-quota sandbox (see _upper);
+            # the namespace's inode tells it from any later process given the same pid.
+            mnt = os.stat(f"/proc/{proc.pid}/ns/mnt").st_ino
+            (sdir / "launcher.pid").write_text(f"{proc.pid} {mnt}")
             if not spec.block_network:
                 await asyncio.to_thread(self._attach_network, spec, holder, net_r)
-            await self._fork_agent(spec, holder)
+            await self._fork_agent(spec, holder, token)
         except quota.QuotaError as e:
             await self.delete(spec.sandbox_id)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
@@ -237,6 +248,7 @@ class LocalBackend:
             address=f"unix:{self.socket_path(spec.sandbox_id)}",
             limits={k: LimitReport(requested=v.requested, enforced=v.enforced, detail=v.detail)
                     for k, v in limits.items()},
+            token=token,
         )
 
     def _attach_network(self, spec: SandboxSpec, holder: int, exit_fd: int) -> None:
@@ -257,9 +269,8 @@ class LocalBackend:
         try:
             uid = self.uid_ranges.claim(sdir)
             # Sandbox root owns its root directory (the overlay's top takes the upper dir's
-            # owner) and binds the agent's socket in ctl.
-            for owned in (upper, sdir / "ctl"):
-                os.chown(owned, uid, uid)
+            # owner).
+            os.chown(upper, uid, uid)
             userns_fd, lower_fds = zygote_userns(self.zygote_socket, uid, lowers,
                                                  self.ready_timeout)
         except UidRangeError as e:
@@ -290,12 +301,14 @@ class LocalBackend:
         raise BackendError(f"sandbox {sandbox_id}: not set up after {self.ready_timeout:.0f}s; "
                            f"see {self._dir(sandbox_id) / 'launch.log'}")
 
-    async def _fork_agent(self, spec: SandboxSpec, holder: int) -> None:
+    async def _fork_agent(self, spec: SandboxSpec, holder: int, token: str) -> None:
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
         request = {
             "holder": holder, "env": self._agent_env(spec),
             "procs": [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)],
-            "socket": f"{CTL_MOUNT}/{SOCKET_NAME}", "token": spec.agent_token,
+            # Bound by the zygote on the host, in a dir only host root may write: no path
+            # that sandbox code controls is ever on the way to the agent.
+            "listen": str(self.socket_path(spec.sandbox_id)), "token": token,
             "forward": (f"127.0.0.1:{MODEL_PORT}={CTL_MOUNT}/{MODEL_SOCKET}"
                         if spec.model_proxy else None),
             "path": [f"{BUNDLE_MOUNT}/lib/{version}", f"{BUNDLE_MOUNT}/lib/{version}/lib-dynload"],
@@ -341,10 +354,6 @@ class LocalBackend:
             if child is not None:
                 child.wait(5)
         sdir = self._dir(sandbox_id)
-        root = sdir / "root"
-        # Only an orchestrator crash mid-launch could leave the overlay mounted on the host.
-        if os.path.ismount(root):
-            subprocess.run(["umount", "-l", str(root)], check=False)
         uid = uid_of(sdir)
         shutil.rmtree(sdir, ignore_errors=True)
         if sdir.exists():
@@ -373,7 +382,8 @@ class LocalBackend:
                 and sandbox_id not in self.relays):
             await self.relays.open(sandbox_id, self._dir(sandbox_id) / "ctl",
                                    uid_of(self._dir(sandbox_id)))
-        return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}")
+        return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}",
+                             token=agent_token(self._secret, sandbox_id))
 
     # --- snapshots and pause ---------------------------------------------------------------
 
@@ -409,14 +419,19 @@ class LocalBackend:
         if not (sdir / quota.DISK_IMAGE).exists():
             return sdir / "upper"
         try:
-            launcher = int((sdir / "launcher.pid").read_text())
+            launcher, mnt = map(int, (sdir / "launcher.pid").read_text().split())
+            # The sandbox is frozen (see snapshot), so this pid cannot change hands between
+            # this check and the copy. A sandbox process given a dead launcher's pid would
+            # fail it: the sandbox's own mount namespace is not the launcher's.
+            alive = (launcher in self.cgroups.pids(sandbox_id)
+                     and os.stat(f"/proc/{launcher}/ns/mnt").st_ino == mnt)
         except (OSError, ValueError):
-            launcher = 0
-        if launcher not in self.cgroups.pids(sandbox_id):
+            alive = False
+        if not alive:
             raise BackendError(f"sandbox {sandbox_id}: its disk's mount is gone (the launcher "
                                "exited); delete and recreate it")
-        # There the data dir is seen at LAUNCH_VIEW (see launch.sh).
-        inside = LAUNCH_VIEW / (sdir / quota.DISK_DIR / "upper").relative_to(self.data_dir)
+        # There the disk is on the launch stage, seen at LAUNCH_VIEW (see launch.sh).
+        inside = LAUNCH_VIEW / quota.DISK_DIR / "upper"
         return Path(f"/proc/{launcher}/root") / inside.relative_to("/")
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
@@ -445,6 +460,17 @@ class LocalBackend:
                 os.close(fd)
             self._holder_lifeline = None
         await asyncio.to_thread(self._zygote.wait)
+
+
+def _agent_secret(path: Path) -> bytes:
+    """The key of this data dir's agent tokens, made once; only host root may read it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_hex(32).encode())
+    return path.read_bytes()
 
 
 def cgroup_group(data_dir: Path) -> str:

@@ -1,10 +1,11 @@
 """Per-sandbox disk quota: the overlay's upper and work dirs on a loop-mounted sparse ext4.
 
 Only a sandbox created with ``disk`` gets one. Its ``<sandbox>/disk.img`` is a sparse file
-of that size holding an ext4 made here; ``launch.sh`` loop-mounts it on ``<sandbox>/disk``
-inside the sandbox's private mount namespace, so the mount (and, through the loop device's
-autoclear flag, the loop device) goes away with the sandbox's last process, even when the
-orchestrator was killed. Writes past the size fail with ENOSPC inside the sandbox.
+of that size holding an ext4 made here; ``launch.sh`` loop-mounts it on its launch stage
+(``disk`` there, see ``launch.py``) inside the sandbox's private mount namespace, so the mount
+(and, through the loop device's autoclear flag, the loop device) goes away with the sandbox's
+last process, even when the orchestrator was killed. Writes past the size fail with ENOSPC
+inside the sandbox.
 
 The host root filesystem here is ext4 without project quotas (they need a re-format with
 ``-O quota,project``), and tmpfs would count against memory, so a loop file is the one way

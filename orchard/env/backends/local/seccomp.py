@@ -19,7 +19,8 @@ import platform
 import tempfile
 from pathlib import Path
 
-__all__ = ["DENIED_SYSCALLS", "SeccompUnavailableError", "filter_bytes", "write_filter"]
+__all__ = ["DENIED_SYSCALLS", "IO_URING_SYSCALLS", "SeccompUnavailableError", "filter_bytes",
+           "write_filter"]
 
 DENIED_SYSCALLS: tuple[str, ...] = (
     # Filesystem namespace manipulation (also covered by --cap-drop ALL; defence in depth
@@ -85,6 +86,9 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "vm86",
     "vm86old",
 )
+# io_uring runs a process's I/O from kernel workers, out of this filter's sight, and has been
+# the kernel's richest source of privilege escalations; denied unless the settings allow it.
+IO_URING_SYSCALLS: tuple[str, ...] = ("io_uring_setup", "io_uring_enter", "io_uring_register")
 
 # clone() takes the namespace flags directly; threads and fork never set them.  CLONE_NEWTIME
 # is absent because clone() reads that bit as part of the exit signal; only unshare/clone3
@@ -107,8 +111,8 @@ class SeccompUnavailableError(RuntimeError):
 
 
 @functools.cache
-def filter_bytes() -> bytes:
-    """The compiled cBPF program; built once per process."""
+def filter_bytes(allow_io_uring: bool = False) -> bytes:
+    """The compiled cBPF program; built once per process and setting."""
     try:
         import pyseccomp as sc
     except ImportError as exc:
@@ -122,7 +126,7 @@ def filter_bytes() -> bytes:
         ) from exc
 
     f = sc.SyscallFilter(sc.ALLOW)
-    for name in DENIED_SYSCALLS:
+    for name in (*DENIED_SYSCALLS, *(() if allow_io_uring else IO_URING_SYSCALLS)):
         # -1 means libseccomp has never heard of the name; silently skipping it would leave a
         # hole, so demand a newer library instead.  Names unknown only on this architecture
         # resolve to negative pseudo numbers that libseccomp accepts and ignores.
@@ -144,9 +148,9 @@ def filter_bytes() -> bytes:
         return out.read()
 
 
-def write_filter(path: Path) -> Path:
+def write_filter(path: Path, allow_io_uring: bool = False) -> Path:
     """Atomically write the compiled filter to ``path`` (mode 0644) and return ``path``."""
-    data = filter_bytes()
+    data = filter_bytes(allow_io_uring)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

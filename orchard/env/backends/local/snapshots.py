@@ -7,7 +7,9 @@ snapshot's files and store only what they change themselves.
 
 Layout: ``<data_dir>/snapshots/<id>/layer`` (the files) and ``meta.json`` (its parent chain
 and the sandbox it was taken of). Layer files are owned by in-sandbox ids (root is 0), as in
-an image, so each sandbox sees them through its own id-mapped view.
+an image, so each sandbox sees them through its own id-mapped view. On the host that makes
+sandbox root's files host root's: so a layer keeps no set-uid or set-gid file (inside a
+sandbox those bits grant nothing anyway: no_new_privs), and only host root may enter the dir.
 
 A snapshot of a sandbox that itself started from a snapshot holds only the newer changes and
 names its parents. ``<sandbox dir>/snapshots`` lists the chain a sandbox mounts. A snapshot's
@@ -39,7 +41,8 @@ class SnapshotLayers:
     def __init__(self, root: Path, sandboxes_dir: Path) -> None:
         self.root = root
         self.sandboxes_dir = sandboxes_dir
-        self.root.mkdir(mode=0o755, exist_ok=True)
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        self.root.chmod(0o700)
         # Pinning a chain for a new sandbox and removing an unused snapshot must not interleave.
         self._lock = threading.Lock()
 
@@ -83,7 +86,7 @@ class SnapshotLayers:
                 "raise the limit")
         partial = self.root / f".{snapshot_id}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(mode=0o755)
+        partial.mkdir(mode=0o700)
         try:
             # cp keeps hard links, xattrs (overlay's opaque-dir marks) and whiteout devices,
             # and shares blocks where the filesystem has reflinks.
@@ -138,7 +141,8 @@ def _apparent_size(top: Path) -> int:
 
 
 def _to_sandbox_ids(top: Path, base: int) -> int:
-    """Shift owners from the sandbox's host ids to in-sandbox ids; returns bytes on disk."""
+    """Shift owners from the sandbox's host ids to in-sandbox ids and drop set-id bits from
+    files; returns bytes on disk."""
     used = 0
 
     def shift(path: str) -> None:
@@ -147,11 +151,15 @@ def _to_sandbox_ids(top: Path, base: int) -> int:
         used += st.st_blocks * 512
         uid = st.st_uid - base if base <= st.st_uid < base + RANGE_SIZE else st.st_uid
         gid = st.st_gid - base if base <= st.st_gid < base + RANGE_SIZE else st.st_gid
+        setid = st.st_mode & (stat.S_ISUID | stat.S_ISGID)
         if (uid, gid) != (st.st_uid, st.st_gid):
             os.lchown(path, uid, gid)
-            # chown clears set-id bits, even for root.
-            if st.st_mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(st.st_mode):
+            # chown clears set-id bits, even for root; a dir's set-gid (new entries take its
+            # group) is harmless and kept.
+            if setid and stat.S_ISDIR(st.st_mode):
                 os.chmod(path, stat.S_IMODE(st.st_mode))
+        if setid and not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+            os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
 
     shift(str(top))
     for dirpath, dirnames, filenames in os.walk(top):

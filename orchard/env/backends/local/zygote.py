@@ -8,6 +8,7 @@ from touching them), so an idle agent costs a fraction of a fresh interpreter an
 about a millisecond.
 
 What the forked agent does, in order, before it runs any agent code:
+  bind its listening socket at a host path (in a dir only host root may write) ->
   join the sandbox's cgroups -> setns(ipc, uts, net, cgroup, pid, mnt) -> setns(user) ->
   chroot to the holder's root -> uid/gid 0 of the user namespace (an unprivileged host uid) ->
   fork (to be inside the pid namespace) -> new session -> drop every capability (bounding set
@@ -19,7 +20,8 @@ It also makes each sandbox's user namespace and the id-mapped view of its image,
 launch: making a user namespace takes a single-threaded process, which the orchestrator is not.
 
 Protocol: one JSON line per connection on a Unix socket, answered with one JSON line:
-  {"holder": PID, "procs": [cgroup.procs paths], "env": {...}, "socket": PATH, "path": [...]}
+  {"holder": PID, "procs": [cgroup.procs paths], "env": {...}, "listen": HOST_PATH,
+   "token": TOKEN, "path": [...]}
   -> {"pid": PID} or {"error": "..."}
   {"userns": {"uid": HOST_UID, "count": N, "lowers": [PATH, ...]}}
   -> {"ok": true} with two fds attached (SCM_RIGHTS): the user namespace mapping 0..N-1 to
@@ -156,18 +158,35 @@ def _confine(seccomp):
            "seccomp")
 
 
-def _become_agent(req, seccomp, ready_w):
+def _listen(path):
+    """The agent's socket, bound on the host as host root, mode 0600: only host root can
+    connect, and the sandbox (whose view of the dir is read-only) cannot replace it."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(512)
+    return sock
+
+
+def _become_agent(req, seccomp, ready_w, listener):
     """The grandchild, inside the pid namespace: confine, then serve until killed."""
     try:
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
         _confine(seccomp)
-        os.closerange(3, ready_w)
-        os.closerange(ready_w + 1, 1 << 16)
+        keep = sorted((ready_w, listener))
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[1])
+        os.closerange(keep[1] + 1, 1 << 16)
         os.environ.clear()
         os.environ.update(req["env"])
         sys.path[:] = req["path"]
-        argv = ["--unix", req["socket"], "--ready-fd", str(ready_w)]
+        argv = ["--listen-fd", str(listener), "--ready-fd", str(ready_w)]
         if req.get("forward"):
             argv += ["--forward", req["forward"]]
         if req.get("token"):
@@ -182,13 +201,15 @@ def _become_agent(req, seccomp, ready_w):
 def _spawn(conn, req, seccomp):
     """In the zygote's child: enter, fork the agent, report its pid, exit."""
     try:
+        listener = _listen(req["listen"])
         _enter(req)
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             conn.close()
             os.close(ready_r)
-            _become_agent(req, seccomp, ready_w)
+            _become_agent(req, seccomp, ready_w, listener.fileno())
+        listener.close()
         os.close(ready_w)
         ready = os.read(ready_r, 16)
         reply = {"pid": pid} if ready == b"ready\n" else {"error": "agent died while starting"}
