@@ -1,12 +1,15 @@
 """Serving an ASGI app on 127.0.0.1 in a background thread: the embedded orchestrator, the
-teacher model server and the proxy in tests all run this way."""
+teacher model server and the proxy in tests all run this way. And the admin-key check that the
+recording proxy and the policy server put on their control routes."""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import secrets
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 import uvicorn
@@ -62,3 +65,25 @@ class ThreadedServer:
             self._thread.join(60)
         self._server = self._thread = self._loop = None
         self.url = None
+
+
+def new_admin_key() -> str:
+    """A fresh random admin key, for a server whose only reader is the process that made it."""
+    return secrets.token_urlsafe(32)
+
+
+def admin_key_refusal(expected: str | None, headers: Mapping[str, str], what: str,
+                      configure: str) -> tuple[int, str] | None:
+    """Why a request for the admin-only ``what`` is refused, as (status, message), or None
+    when it carries ``expected`` in ``X-API-Key`` or ``Authorization: Bearer``. A server with
+    no key has ``what`` turned off; ``configure`` says how to give it one."""
+    if expected is None:
+        return 403, f"{what} is turned off on this server: {configure}"
+    value = headers.get("authorization", "")
+    given = headers.get("x-api-key") or (
+        value[7:].strip() if value.lower().startswith("bearer ") else "")
+    if not given:
+        return 401, f"{what} needs this server's admin key: send it as X-API-Key ({configure})"
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        return 403, f"wrong admin key for {what}"
+    return None

@@ -297,8 +297,8 @@ def test_an_external_assistant_cli_runs_inside_the_sandbox(data_dir: Path, orche
     store = tmp_path / "store"
     with TeacherServer(FunctionPolicy(assistant_teacher(chosen)),
                        load_tokenizer(TEST_TOKENIZER)) as teacher:
-        proxy = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[teacher.url],
-                                                              store=store)), "proxy")
+        settings = ProxySettings(upstreams=[teacher.url], store=store)
+        proxy = ThreadedServer(create_proxy_app(settings), "proxy")
         proxy.start()
         try:
             with dedicated_orchestrator(data_dir, model_proxy=proxy.url) as url, \
@@ -307,7 +307,7 @@ def test_an_external_assistant_cli_runs_inside_the_sandbox(data_dir: Path, orche
                 harness = AssistantCliHarness("python3 /workspace/cli.py",
                                               files={"/workspace/cli.py": CLI.encode()})
                 summary = evaluate(chosen, harness, out, own, config=RunConfig(out=out),
-                                   proxy_url=proxy.url)
+                                   proxy_url=proxy.url, proxy_key=settings.admin_key)
         finally:
             proxy.stop()
     assert summary["overall"]["resolved_rate"] == 1.0, summary

@@ -170,7 +170,7 @@ def test_secret_templates_hold_only_placeholders() -> None:
     assert template["kind"] == "Secret" and "data" not in template
     for values in (env, template["stringData"]):
         assert set(values) == {"ORCHARD_API_KEYS", "ORCHARD_AGENT_SECRET", "REDIS_PASSWORD",
-                               "ORCHARD_STATE"}
+                               "ORCHARD_STATE", "ORCHARD_PROXY_KEY"}
         assert all(PLACEHOLDER in value for value in values.values()), values
         # The URL must carry the same password Redis is started with.
         assert f":{values['REDIS_PASSWORD']}@" in values["ORCHARD_STATE"]
@@ -213,6 +213,7 @@ def test_secret_values_reach_only_the_containers_that_need_them(
     assert secret_keys(find(docs, "Deployment", "orchard-orchestrator")) == {
         "ORCHARD_API_KEYS", "ORCHARD_AGENT_SECRET", "ORCHARD_STATE"}
     assert secret_keys(find(docs, "StatefulSet", "orchard-redis")) == {"REDIS_PASSWORD"}
+    assert secret_keys(find(docs, "StatefulSet", "orchard-proxy")) == {"ORCHARD_PROXY_KEY"}
 
 
 # --- RBAC --------------------------------------------------------------------------------------

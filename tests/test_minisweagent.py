@@ -40,6 +40,8 @@ from orchard.rollout.trace import collect_trace
 from orchard.serving import ThreadedServer
 from tests.conftest import create_ready, needs_root
 
+ADMIN_KEY = "proxy-admin-key"  # reading the proxy's sessions takes it
+ADMIN = {"X-API-Key": ADMIN_KEY}
 TOKENIZER = TEST_TOKENIZER
 ORCHARD = Path(sys.executable).with_name("orchard")
 REPO = {
@@ -67,7 +69,8 @@ def teacher_behind_proxy(policy: Any, tok: Any, store: Path,
     """The proxy's URL, with the teacher as its upstream."""
     with TeacherServer(policy, tok, drift=drift) as teacher:
         proxy = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[teacher.url],
-                                                              store=store)), "proxy")
+                                                              store=store, admin_key=ADMIN_KEY)),
+                               "proxy")
         proxy.start()
         try:
             yield proxy.url or ""
@@ -140,8 +143,8 @@ def test_agent_fixes_a_bug_in_a_sandbox_and_every_call_is_recorded(
             trajectory_path=trajectory,
             # Same-size edits within a second would be masked by stale .pyc files.
             config_overrides={"environment": {"env": {"PYTHONDONTWRITEBYTECODE": "1"}}})
-        calls = httpx.get(f"{proxy}/sessions/{session}").json()["calls"]
-        samples = httpx.get(f"{proxy}/sessions/{session}/samples").json()
+        calls = httpx.get(f"{proxy}/sessions/{session}", headers=ADMIN).json()["calls"]
+        samples = httpx.get(f"{proxy}/sessions/{session}/samples", headers=ADMIN).json()
 
     assert problems == []
     assert result["exit_status"] == "Submitted", result["messages"][-1]
@@ -353,7 +356,7 @@ def test_cli_runs_a_task(orchestrator: str, http: httpx.Client, tok: Any,
             capture_output=True, text=True, timeout=120, env=cli_env(tmp_path))
         assert r.returncode == 0, r.stderr
         # The plain /v1 URL plus --session: the proxy files the calls by the header.
-        calls = httpx.get(f"{proxy}/sessions/{session}").json()["calls"]
+        calls = httpx.get(f"{proxy}/sessions/{session}", headers=ADMIN).json()["calls"]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["exit_status"] == "Submitted" and summary["submission"] == "hi\n"
     assert summary["n_steps"] == len(calls) == 2

@@ -44,6 +44,8 @@ from tests.test_kubernetes_backend import (
 )
 from tests.test_lifecycle import _start_server, force_remove, gone
 
+ADMIN_KEY = "proxy-admin-key"  # reading the proxy's sessions takes it
+ADMIN = {"X-API-Key": ADMIN_KEY}
 pytestmark = needs_root
 TOKENIZER = TEST_TOKENIZER
 # Plain python3 from the host view: the kind of client a harness inside the sandbox is.
@@ -83,7 +85,8 @@ def model_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     policy = ScriptedPolicy([Reply(content="the model says hi")] * 50)
     with TeacherServer(policy, load_tokenizer(TOKENIZER)) as teacher:
         proxy = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[teacher.url],
-                                                              store=store)), "proxy")
+                                                              store=store, admin_key=ADMIN_KEY)),
+                               "proxy")
         proxy.start()
         try:
             yield teacher.url, proxy.url or "", store
@@ -123,7 +126,7 @@ def test_harness_in_a_blocked_sandbox_reaches_the_model(egress_http: httpx.Clien
     assert reply["choices"][0]["message"]["content"] == "the model says hi"
     assert reply["prompt_token_ids"], "the teacher's token ids came through"
 
-    calls = httpx.get(f"{model_stack[1]}/sessions/{session}").json()["calls"]
+    calls = httpx.get(f"{model_stack[1]}/sessions/{session}", headers=ADMIN).json()["calls"]
     assert len(calls) == 1 and calls[0]["status"] == 200
     assert calls[0]["request"]["messages"] == [{"role": "user", "content": "hi"}]
     egress_http.delete(f"/sandboxes/{sid}")
@@ -141,12 +144,10 @@ def test_nothing_but_the_proxy_is_reachable(egress_http: httpx.Client,
         result = py(egress_http, sid, CONNECT, host, str(port))
         assert result["exit_code"] == 4, (host, port, result)
         assert "ConnectionRefusedError" in result["stdout"] or "OSError" in result["stdout"]
-    # The one open port leads to the proxy whatever the request says (it is a fixed relay).
+    # The one open port leads to the proxy, and carries only this sandbox's own inference
+    # calls (tests/attacks/test_model_proxy.py tries the rest).
     result = py(egress_http, sid, CHAT, "http://127.0.0.1:18080/health")
-    assert result["exit_code"] == 3, result  # the proxy's /health answers GET, not POST
-    health = run(egress_http, sid, command="python3 -c \"import urllib.request;print("
-                 "urllib.request.urlopen('http://127.0.0.1:18080/health').read().decode())\"")
-    assert json.loads(health["stdout"])["upstreams"] == [model_stack[0]]
+    assert result["exit_code"] == 3 and result["stdout"].startswith("403 "), result
     names = run(egress_http, sid, command="cat /etc/hostname /proc/net/dev")["stdout"]
     assert "eth" not in names and "veth" not in names
     egress_http.delete(f"/sandboxes/{sid}")
@@ -212,9 +213,12 @@ def test_relay_comes_back_after_an_orchestrator_restart(
             with httpx.Client(base_url=url, timeout=60) as http:
                 result = py(http, sid, CHAT)
                 assert result["exit_code"] == 0, result
+                # Re-opened for the session it was created with, and no other.
+                result = py(http, sid, CHAT, "http://127.0.0.1:18080/s/other/v1/chat/completions")
+                assert result["exit_code"] == 3 and result["stdout"].startswith("403 "), result
                 assert http.delete(f"/sandboxes/{sid}").status_code == 200
                 assert wait_until(lambda: gone(sid, d), 20)
-            calls = httpx.get(f"{model_stack[1]}/sessions/restarted").json()["calls"]
+            calls = httpx.get(f"{model_stack[1]}/sessions/restarted", headers=ADMIN).json()["calls"]
             assert len(calls) == 2
         finally:
             if proc.poll() is None:

@@ -27,6 +27,8 @@ from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
 from tests.conftest import free_port
 
+ADMIN_KEY = "proxy-admin-key"  # reading the proxy's sessions takes it
+ADMIN = {"X-API-Key": ADMIN_KEY}
 MESSAGES = [{"role": "system", "content": "You are careful."},
             {"role": "user", "content": "What do the notes say?"}]
 TOOLS = [{"type": "function", "function": {
@@ -306,9 +308,15 @@ def test_load_weights_from_a_saved_folder_over_http(tok: PreTrainedTokenizerFast
                                                     tmp_path: Path) -> None:
     step = save_policy(eos_lover(tok), tok, tmp_path / "step-1")
     save_policy(tiny_llama(tok, hidden_size=64), tok, tmp_path / "other-size")
-    with PolicyServer(tiny_llama(tok), tok) as server:
+    with PolicyServer(tiny_llama(tok), tok, admin_key="policy-key") as server:
         assert greedy(server.url, prompt) != [tok.eos_token_id]
-        r = httpx.post(f"{server.url}/v1/load_weights", json={"path": str(step)}, timeout=120)
+        url, key = f"{server.url}/v1/load_weights", {"X-API-Key": "policy-key"}
+        # Loading makes the server read a folder and serve it: only with its admin key.
+        for headers, status in [({}, 401), ({"X-API-Key": "guess"}, 403)]:
+            r = httpx.post(url, json={"path": str(step)}, headers=headers, timeout=120)
+            assert r.status_code == status and "admin key" in r.json()["error"]["message"]
+        assert server.weights_version == 0
+        r = httpx.post(url, json={"path": str(step)}, headers=key, timeout=120)
         assert r.status_code == 200, r.text
         assert r.json() == {"weights_version": 1, "loaded_from": str(step)}
         assert greedy(server.url, prompt) == [tok.eos_token_id]
@@ -316,7 +324,7 @@ def test_load_weights_from_a_saved_folder_over_http(tok: PreTrainedTokenizerFast
         for body, says in [({"path": str(tmp_path / "missing")}, "not a model folder"),
                            ({"path": str(tmp_path / "other-size")}, "do not fit"),
                            ({"folder": str(step)}, '{"path"')]:
-            r = httpx.post(f"{server.url}/v1/load_weights", json=body, timeout=120)
+            r = httpx.post(url, json=body, headers=key, timeout=120)
             assert r.status_code == 400 and says in r.json()["error"]["message"]
         assert server.weights_version == 1
 
@@ -325,14 +333,15 @@ def test_chat_through_the_recording_proxy_is_token_exact(server: PolicyServer,
                                                          tok: PreTrainedTokenizerFast,
                                                          tmp_path: Path) -> None:
     proxy = ThreadedServer(create_proxy_app(ProxySettings(
-        upstreams=[server.url], store=tmp_path / "store", render_with=TEST_TOKENIZER)), "proxy")
+        upstreams=[server.url], store=tmp_path / "store", render_with=TEST_TOKENIZER,
+        admin_key=ADMIN_KEY)), "proxy")
     proxy.start()
     try:
         client = openai.OpenAI(base_url=f"{proxy.url}/s/policy-chat/v1", api_key="unused",
                                max_retries=0)
         answer = client.chat.completions.create(model="policy", messages=MESSAGES, tools=TOOLS,
                                                 max_tokens=16, temperature=0, logprobs=True)
-        (call,) = httpx.get(f"{proxy.url}/sessions/policy-chat").json()["calls"]
+        (call,) = httpx.get(f"{proxy.url}/sessions/policy-chat", headers=ADMIN).json()["calls"]
     finally:
         proxy.stop()
     tokens = call["tokens"]

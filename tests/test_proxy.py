@@ -27,6 +27,8 @@ from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
 
 TOKENIZER = TEST_TOKENIZER
+ADMIN_KEY = "proxy-admin-key"  # reading sessions takes it
+ADMIN = {"X-API-Key": ADMIN_KEY}
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
@@ -47,7 +49,7 @@ def stack(request: pytest.FixtureRequest, tok, tmp_path: Path) -> Iterator[tuple
     """(teacher URL, proxy URL, store dir)."""
     with TeacherServer(ScriptedPolicy(SCRIPT), tok, drift=request.param) as teacher:
         proxy = ThreadedServer(create_proxy_app(ProxySettings(
-            upstreams=[teacher.url], store=tmp_path / "store")), "proxy")
+            upstreams=[teacher.url], store=tmp_path / "store", admin_key=ADMIN_KEY)), "proxy")
         proxy.start()
         try:
             yield teacher.url, proxy.url or "", tmp_path / "store"
@@ -103,7 +105,7 @@ def test_session_is_recorded_and_becomes_samples(stack: tuple[str, str, Path], t
     _, proxy, _ = stack
     drift = "drift" in request.node.callspec.id
     converse(f"{proxy}/s/run-1.task-7/v1", stream=stream)
-    calls = httpx.get(f"{proxy}/sessions/run-1.task-7").json()["calls"]
+    calls = httpx.get(f"{proxy}/sessions/run-1.task-7", headers=ADMIN).json()["calls"]
     assert [c["index"] for c in calls] == [0, 1, 2]
     assert all(c["status"] == 200 and c["endpoint"] == "/v1/chat/completions" for c in calls)
     assert calls[0]["request"]["tools"] == TOOLS  # what the harness sent, as sent
@@ -120,7 +122,7 @@ def test_session_is_recorded_and_becomes_samples(stack: tuple[str, str, Path], t
             c["request"]["messages"], tools=c["request"]["tools"],
             add_generation_prompt=True, tokenize=True, return_dict=False)
         assert all(lp <= 0 for lp in t["completion_logprobs"])
-    body = httpx.get(f"{proxy}/sessions/run-1.task-7/samples").json()
+    body = httpx.get(f"{proxy}/sessions/run-1.task-7/samples", headers=ADMIN).json()
     samples, drifts = build_samples("run-1.task-7", calls)
     assert body["samples"][0]["input_ids"] == samples[0].input_ids
     if drift:  # turn 1 re-rendered turn 0's tool call: never joined, always reported
@@ -141,9 +143,10 @@ def test_header_session_and_default(stack: tuple[str, str, Path]) -> None:
     r = httpx.post(f"{proxy}/v1/chat/completions", json=body,
                    headers={"X-Orchard-Session": "by-header"})
     assert r.status_code == 200, r.text
-    assert httpx.get(f"{proxy}/sessions/by-header").json()["calls"][0]["status"] == 200
+    calls = httpx.get(f"{proxy}/sessions/by-header", headers=ADMIN).json()["calls"]
+    assert calls[0]["status"] == 200
     assert (store / "by-header.jsonl").exists()  # durable: on disk once it can be read
-    assert httpx.get(f"{proxy}/sessions").json()["sessions"] == ["by-header"]
+    assert httpx.get(f"{proxy}/sessions", headers=ADMIN).json()["sessions"] == ["by-header"]
 
 
 def test_upstream_errors_reach_the_harness_unchanged(stack: tuple[str, str, Path]) -> None:
@@ -155,7 +158,7 @@ def test_upstream_errors_reach_the_harness_unchanged(stack: tuple[str, str, Path
                          json={**body, "model": "no-such-model"})
     assert proxied.status_code == direct.status_code == 404
     assert proxied.json() == direct.json()
-    call = httpx.get(f"{proxy}/sessions/e").json()["calls"][0]
+    call = httpx.get(f"{proxy}/sessions/e", headers=ADMIN).json()["calls"][0]
     assert call["status"] == 404 and call["error"] == direct.json()
 
 
@@ -165,14 +168,15 @@ def test_unreachable_upstream_is_a_502_that_says_so(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    proxy = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[dead],
-                                                          store=tmp_path)), "proxy")
+    proxy = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[dead], store=tmp_path,
+                                                          admin_key=ADMIN_KEY)), "proxy")
     proxy.start()
     try:
         r = httpx.post(f"{proxy.url}/s/x/v1/chat/completions", json={"messages": []})
         assert r.status_code == 502
         assert f"upstream {dead}/ unreachable" in r.json()["error"]["message"]
-        assert httpx.get(f"{proxy.url}/sessions/x").json()["calls"][0]["status"] == 502
+        calls = httpx.get(f"{proxy.url}/sessions/x", headers=ADMIN).json()["calls"]
+        assert calls[0]["status"] == 502
     finally:
         proxy.stop()
 
@@ -184,7 +188,7 @@ def test_bad_input(stack: tuple[str, str, Path]) -> None:
     r = httpx.post(f"{proxy}/s/ok/v1/chat/completions", content=b"{not json",
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
-    r = httpx.get(f"{proxy}/sessions/never-seen")
+    r = httpx.get(f"{proxy}/sessions/never-seen", headers=ADMIN)
     assert r.status_code == 404 and "GET /sessions" in r.json()["error"]["message"]
 
 
@@ -265,7 +269,8 @@ def raw_stack(tmp_path: Path, handler: Callable[[socket.socket, bytes], bool], p
     """(the scripted upstream, the proxy's URL); ``prefix`` goes on the upstream's base URL."""
     upstream = RawUpstream(handler, tls=tls)
     proxy = ThreadedServer(create_proxy_app(ProxySettings(
-        upstreams=[upstream.url + prefix], store=tmp_path / "store", **settings)), "proxy")
+        upstreams=[upstream.url + prefix], store=tmp_path / "store", admin_key=ADMIN_KEY,
+        **settings)), "proxy")
     proxy.start()
     try:
         yield upstream, proxy.url or ""
@@ -275,7 +280,7 @@ def raw_stack(tmp_path: Path, handler: Callable[[socket.socket, bytes], bool], p
 
 
 def recorded_calls(proxy: str, session: str) -> list[dict[str, Any]]:
-    return httpx.get(f"{proxy}/sessions/{session}").json()["calls"]
+    return httpx.get(f"{proxy}/sessions/{session}", headers=ADMIN).json()["calls"]
 
 
 def test_forwarding_is_byte_exact(tmp_path: Path) -> None:
@@ -303,6 +308,35 @@ def test_forwarding_is_byte_exact(tmp_path: Path) -> None:
         assert call["request"] == json.loads(body) and call["response"] == json.loads(ANSWER)
         assert call["upstream"] == upstream.url + "/prefix/"
         assert httpx.put(f"{proxy}/v1/models").status_code == 405
+
+
+def test_only_inference_routes_are_forwarded(tmp_path: Path) -> None:
+    with raw_stack(tmp_path, lambda conn, _: conn.sendall(json_answer(b"{}")) or True) as (
+            upstream, proxy):
+        assert httpx.get(f"{proxy}/s/m/v1/models/org/name-1.5").status_code == 200
+        for method, path, status in [
+                ("GET", "/v1/chat/completions", 405), ("POST", "/v1/models", 405),
+                ("GET", "/v1/models/org/%2e%2e", 404), ("GET", "/v1/models/..%2Fload_weights", 404),
+                ("POST", "/s/m/v1/embeddings", 404), ("POST", "/v1/responses", 404)]:
+            r = httpx.request(method, proxy + path, json={})
+            assert r.status_code == status, (path, r.text)
+        assert "POST /v1/chat/completions" in r.json()["error"]["message"]
+        assert [head.split(b"\r\n")[0] for _, head, _ in upstream.requests] == [
+            b"GET /v1/models/org/name-1.5 HTTP/1.1"]
+
+
+def test_session_reads_are_off_without_an_admin_key(tmp_path: Path) -> None:
+    proxy = ThreadedServer(create_proxy_app(ProxySettings(
+        upstreams=["http://127.0.0.1:9"], store=tmp_path, admin_key=None)), "proxy")
+    proxy.start()
+    try:
+        r = httpx.get(f"{proxy.url}/sessions", headers=ADMIN)
+        assert r.status_code == 403 and "--admin-key" in r.json()["error"]["message"]
+    finally:
+        proxy.stop()
+    # By default each proxy has its own random key, known to whoever made its settings.
+    assert ProxySettings(upstreams=["u"], store=tmp_path).admin_key != \
+        ProxySettings(upstreams=["u"], store=tmp_path).admin_key
 
 
 def test_chunked_answer_is_passed_on_and_recorded(tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCa
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
 
+ADMIN_KEY = "proxy-admin-key"  # reading the proxy's sessions takes it
+ADMIN = {"X-API-Key": ADMIN_KEY}
 TOKENIZER = TEST_TOKENIZER
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
@@ -39,7 +41,8 @@ def rendering(tok, tmp_path: Path) -> Iterator[tuple[TeacherServer, str]]:  # no
     """(the teacher, the URL of a proxy that renders prompts with the same tokenizer)."""
     with TeacherServer(ScriptedPolicy(SCRIPT), tok) as teacher:
         proxy = ThreadedServer(create_proxy_app(ProxySettings(
-            upstreams=[teacher.url], store=tmp_path / "store", render_with=TOKENIZER)), "proxy")
+            upstreams=[teacher.url], store=tmp_path / "store", render_with=TOKENIZER,
+            admin_key=ADMIN_KEY)), "proxy")
         proxy.start()
         try:
             yield teacher, proxy.url or ""
@@ -88,7 +91,7 @@ def test_chat_through_rendered_completions_is_token_exact(rendering, tok,  # noq
     assert replies[1]["tool_calls"][0]["function"]["name"] == "bash"
     assert replies[2] == {"role": "assistant", "content": "Done: the notes say hello."}
 
-    calls = httpx.get(f"{proxy}/sessions/rendered").json()["calls"]
+    calls = httpx.get(f"{proxy}/sessions/rendered", headers=ADMIN).json()["calls"]
     assert len(calls) == 3
     for call in calls:
         assert call["status"] == 200 and call["endpoint"] == "/v1/chat/completions"
@@ -112,7 +115,7 @@ def test_upstream_errors_pass_through_and_are_recorded(rendering) -> None:  # no
     r = httpx.post(f"{proxy}/s/failing/v1/chat/completions", json={
         "model": "teacher", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 503 and "overloaded" in r.text
-    (call,) = httpx.get(f"{proxy}/sessions/failing").json()["calls"]
+    (call,) = httpx.get(f"{proxy}/sessions/failing", headers=ADMIN).json()["calls"]
     assert call["status"] == 503 and "overloaded" in json.dumps(call["error"])
 
 

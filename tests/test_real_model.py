@@ -43,6 +43,8 @@ from orchard.rollout.trace import collect_trace
 from orchard.serving import ThreadedServer
 from tests.conftest import free_port, needs_root
 
+ADMIN_KEY = "proxy-admin-key"  # reading the proxy's sessions takes it
+ADMIN = {"X-API-Key": ADMIN_KEY}
 PYTHON = os.environ.get("ORCHARD_TEST_LLAMA_PYTHON")
 VLLM_URL = os.environ.get("ORCHARD_TEST_VLLM_URL")
 VLLM_MODEL = os.environ.get("ORCHARD_TEST_VLLM_MODEL")
@@ -91,7 +93,7 @@ def llama() -> Iterator[str]:
 def proxy(llama: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     store = tmp_path_factory.mktemp("real-proxy")
     server = ThreadedServer(create_proxy_app(ProxySettings(
-        upstreams=[llama.removesuffix("/v1")], store=store)), "proxy")
+        upstreams=[llama.removesuffix("/v1")], store=store, admin_key=ADMIN_KEY)), "proxy")
     server.start()
     try:
         yield server.url or "", store
@@ -113,7 +115,7 @@ def test_real_model_calls_are_recorded_as_sent_and_answered(proxy: tuple[str, Pa
                        client.chat.completions.create(model="smollm2", messages=messages,
                                                       max_tokens=16, temperature=0,
                                                       stream=True) if chunk.choices)
-    calls = httpx.get(f"{url}/sessions/{session}").json()["calls"]
+    calls = httpx.get(f"{url}/sessions/{session}", headers=ADMIN).json()["calls"]
     assert [c["status"] for c in calls] == [200, 200]
     assert calls[0]["response"]["choices"][0]["message"]["content"] \
         == first.choices[0].message.content
@@ -122,7 +124,7 @@ def test_real_model_calls_are_recorded_as_sent_and_answered(proxy: tuple[str, Pa
     assert calls[0]["response"]["usage"]["completion_tokens"] > 0
     # llama.cpp gives no token ids: nothing token-exact to build, and no pretending.
     assert all(c["tokens"] is None for c in calls)
-    assert httpx.get(f"{url}/sessions/{session}/samples").json()["samples"] == []
+    assert httpx.get(f"{url}/sessions/{session}/samples", headers=ADMIN).json()["samples"] == []
 
 
 @needs_llama
@@ -140,7 +142,7 @@ def test_mini_swe_agent_drives_the_real_model_in_a_sandbox(
                       config_overrides={"agent": {"step_limit": 2},
                                         "model": {"model_kwargs": {"max_tokens": 128,
                                                                    "temperature": 0}}})
-    calls = httpx.get(f"{url}/sessions/{session}").json()["calls"]
+    calls = httpx.get(f"{url}/sessions/{session}", headers=ADMIN).json()["calls"]
     assert len(calls) == result["n_steps"] >= 1
     with SandboxClient(orchestrator) as client:
         trace = collect_trace(session, client, store)
@@ -159,7 +161,8 @@ def test_vllm_tokens_are_recorded_exactly(tmp_path: Path) -> None:
     assert VLLM_URL and VLLM_MODEL
     tok = load_tokenizer(Path(VLLM_MODEL))
     server = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[VLLM_URL],
-                                                           store=tmp_path)), "proxy")
+                                                           store=tmp_path, admin_key=ADMIN_KEY)),
+                            "proxy")
     server.start()
     session = f"vllm-{uuid.uuid4().hex[:6]}"
     try:
@@ -173,7 +176,7 @@ def test_vllm_tokens_are_recorded_exactly(tmp_path: Path) -> None:
                 extra_body={"return_token_ids": True, "logprobs": True})
             messages += [{"role": "assistant", "content": reply.choices[0].message.content},
                          {"role": "user", "content": follow_up}]
-        calls = httpx.get(f"{server.url}/sessions/{session}").json()["calls"]
+        calls = httpx.get(f"{server.url}/sessions/{session}", headers=ADMIN).json()["calls"]
     finally:
         server.stop()
     assert len(calls) == 2
@@ -209,7 +212,8 @@ def test_vllm_through_prompts_the_proxy_renders(tmp_path: Path) -> None:
     assert VLLM_URL and VLLM_MODEL
     tok = load_tokenizer(Path(VLLM_MODEL))
     server = ThreadedServer(create_proxy_app(ProxySettings(
-        upstreams=[VLLM_URL], store=tmp_path, render_with=VLLM_MODEL)), "proxy")
+        upstreams=[VLLM_URL], store=tmp_path, render_with=VLLM_MODEL,
+        admin_key=ADMIN_KEY)), "proxy")
     server.start()
     session = f"vllm-render-{uuid.uuid4().hex[:6]}"
     try:
@@ -221,7 +225,7 @@ def test_vllm_through_prompts_the_proxy_renders(tmp_path: Path) -> None:
                                                    max_tokens=24, temperature=0)
             messages += [{"role": "assistant", "content": reply.choices[0].message.content},
                          {"role": "user", "content": follow_up}]
-        calls = httpx.get(f"{server.url}/sessions/{session}").json()["calls"]
+        calls = httpx.get(f"{server.url}/sessions/{session}", headers=ADMIN).json()["calls"]
     finally:
         server.stop()
     for call in calls:

@@ -34,6 +34,8 @@ from orchard.rollout.trace import Trace, build_trace, collect_trace
 from orchard.serving import ThreadedServer
 from tests.conftest import needs_root
 
+ADMIN_KEY = "proxy-admin-key"  # reading the proxy's sessions takes it
+ADMIN = {"X-API-Key": ADMIN_KEY}
 pytestmark = needs_root
 
 TOKENIZER = TEST_TOKENIZER
@@ -89,7 +91,8 @@ def teacher_and_proxy(tmp_path_factory: pytest.TempPathFactory
     store = tmp_path_factory.mktemp("proxy-store")
     with TeacherServer(ScriptedPolicy(SCRIPT), load_tokenizer(TOKENIZER)) as teacher:
         proxy = ThreadedServer(create_proxy_app(ProxySettings(upstreams=[teacher.url],
-                                                              store=store)), "proxy")
+                                                              store=store, admin_key=ADMIN_KEY)),
+                               "proxy")
         proxy.start()
         try:
             yield teacher, proxy.url or "", store
@@ -165,7 +168,7 @@ def rollout(teacher_and_proxy: tuple[TeacherServer, str, Path],
     agent.delete()
     tests.delete()
     expected += [("sandbox", "deleted")] * 2
-    trace = collect_trace(rid, client, proxy, METADATA)
+    trace = collect_trace(rid, client, proxy, METADATA, proxy_key=ADMIN_KEY)
     return Rollout(rid, agent.id, tests.id, proxy, store, trace,
                    sent + [messages[len(sent)]], expected)
 
@@ -482,8 +485,8 @@ def test_replay_skips_what_the_log_did_not_keep(client: SandboxClient) -> None:
 # --- the CLI ----------------------------------------------------------------------------------
 
 def _cli(*args: str) -> Any:
-    result = CliRunner().invoke(cli_app, list(args), env={"ORCHARD_API_KEY": None,
-                                                          "COLUMNS": "200"})
+    result = CliRunner().invoke(cli_app, list(args), env={
+        "ORCHARD_API_KEY": None, "ORCHARD_PROXY_KEY": ADMIN_KEY, "COLUMNS": "200"})
     assert "Traceback" not in result.output, result.output
     return result
 
@@ -496,6 +499,10 @@ def test_cli_show_and_export(rollout: Rollout, orchestrator: str, tmp_path: Path
     assert "exec 'sh app/greet.sh; exit 3' -> 3" in r.stdout
     assert f"{len(SCRIPT) + 1} model call(s), {len(rollout.trace.sandbox_events)} sandbox " \
            "event(s) (4 exec(s))" in r.stdout
+    r = _cli("trace", "show", rollout.id, "--orchestrator", orchestrator, "--proxy",
+             rollout.proxy, "--proxy-key", "not-the-key")
+    assert r.exit_code == 1 and "refused to show its sessions" in r.stderr
+    assert "--proxy-key" in r.stderr
     jsonl = tmp_path / "t.jsonl"
     r = _cli("trace", "export", rollout.id, "--orchestrator", orchestrator, "--proxy",
              str(rollout.store), "--format", "jsonl", "--output", str(jsonl))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, Header, HTTPException
 
 from orchard.recipes.models import served_weights, tiny_llama, with_lora
 from orchard.recipes.serving import PolicyServer, RequestError
@@ -24,10 +24,16 @@ def same_weights(server: PolicyServer, model: torch.nn.Module) -> bool:
     return all(torch.equal(v, state[k]) for k, v in server.engine.model.state_dict().items())
 
 
-def test_an_orchard_policy_server_loads_each_pushed_folder(tmp_path: Path) -> None:
+def test_an_orchard_policy_server_loads_each_pushed_folder(tmp_path: Path,
+                                                           tmp_path_factory: pytest.TempPathFactory
+                                                           ) -> None:
     with PolicyServer(tiny_llama(TOK, seed=0), TOK) as server:
+        keyless = FolderSync(server.url or "", tmp_path_factory.mktemp("keyless"), kind="orchard")
+        with pytest.raises(WeightSyncError, match=r"HTTP 401.*admin key"):
+            keyless.update(tiny_llama(TOK, seed=1))
+        assert server.engine.weights_version == 0
         sync = FolderSync(server.url or "", tmp_path, kind="orchard",
-                          tokenizer_dir=TEST_TOKENIZER)
+                          tokenizer_dir=TEST_TOKENIZER, key=server.admin_key)
         for seed in (1, 2, 3):
             model = tiny_llama(TOK, seed=seed)
             assert sync.update(model) == seed
@@ -40,11 +46,14 @@ def test_an_orchard_policy_server_loads_each_pushed_folder(tmp_path: Path) -> No
 
 
 def sglang_stand_in(server: PolicyServer) -> FastAPI:
-    """SGLang's weight-update endpoint: 200 with success true or false, as SGLang answers."""
+    """SGLang's weight-update endpoint: 200 with success true or false, as SGLang answers, and
+    401 without its --api-key as a bearer token."""
     app = FastAPI()
 
     @app.post("/update_weights_from_disk")
-    def update(body: dict) -> dict:
+    def update(body: dict, authorization: str = Header("")) -> dict:
+        if authorization != "Bearer sglang-key":
+            raise HTTPException(401, "Unauthorized")
         try:
             server.engine.load(body["model_path"])
         except RequestError as e:
@@ -69,7 +78,7 @@ def push_to_sglang(server: PolicyServer, url: str, tmp_path: Path) -> None:
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p)
-    sync = FolderSync(url, tmp_path, kind="sglang")
+    sync = FolderSync(url, tmp_path, kind="sglang", key="sglang-key")
     assert sync.update(model) == 1
     assert same_weights(server, model)
     # Weights the engine cannot take: SGLang answers 200 with success false, and the

@@ -68,6 +68,10 @@ def proxy(
         str | None, typer.Option(help="Tokenizer dir or name: render chat requests here with its "
                                  "chat template and send token ids to /v1/completions (for "
                                  "upstreams whose chat answers carry no token ids).")] = None,
+    admin_key: Annotated[
+        str | None, typer.Option(help="Key that reading sessions over HTTP (GET /sessions...) "
+                                 "takes, as X-API-Key; without one they are read from --store "
+                                 "only.", envvar="ORCHARD_PROXY_KEY")] = None,
     log_level: str = "info",
 ) -> None:
     """Run the recording proxy: harnesses use http://HOST:PORT/s/SESSION/v1 as their base URL."""
@@ -76,7 +80,7 @@ def proxy(
     from orchard.rollout.proxy import ProxySettings, create_proxy_app
 
     app_ = create_proxy_app(ProxySettings(upstreams=upstream, store=store, api_key=api_key,
-                                          render_with=render_with))
+                                          render_with=render_with, admin_key=admin_key))
     uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False)
 
 

@@ -231,6 +231,9 @@ def eval_(
     proxy: Annotated[str | None, typer.Option(
         help="Use this running recording proxy (forwarding to the model) instead of starting "
              "one.", show_default=False)] = None,
+    proxy_key: Annotated[str | None, typer.Option(
+        envvar="ORCHARD_PROXY_KEY", help="That proxy's admin key (its --admin-key), which "
+        "reading the rollouts' model calls takes.", show_default=False)] = None,
     teacher_solve: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="teacher: the share of tasks its script solves.")] = 1.0,
     config: Annotated[list[str] | None, typer.Option(
@@ -295,10 +298,14 @@ def eval_(
         stack.enter_context(progress)
         try:
             evaluate(loaded, h, out, client, config=run_config, proxy_url=proxy,
+                     proxy_key=proxy_key,
                      on_start=progress.start, on_result=progress.update)
         except RunMismatch as exc:
             stderr.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(2) from None
+        except PermissionError as exc:  # --proxy would not show its sessions: the key
+            stderr.print(f"[red]error:[/] {escape(str(exc))}")
+            raise typer.Exit(1) from None
     for table in run_table(load_summary(out), per_task=per_task):
         Console().print(table)
     stderr.print(f"results in {out}/results.json")

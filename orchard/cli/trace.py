@@ -31,6 +31,9 @@ _TraceApiKey = Annotated[str | None, typer.Option(
 _TraceProxy = Annotated[str | None, typer.Option(
     "--proxy", help="The recording proxy: its URL (http://HOST:PORT) or its --store directory. "
     "Without it the trace has no model calls.", show_default=False)]
+_TraceProxyKey = Annotated[str | None, typer.Option(
+    "--proxy-key", envvar="ORCHARD_PROXY_KEY", help="The proxy's admin key (its --admin-key), "
+    "when --proxy is a URL.", show_default=False)]
 
 
 TraceFormat = Literal["jsonl", "parquet", "swe-jsonl"]
@@ -55,12 +58,13 @@ def _trace_errors() -> Iterator[None]:
         stderr.print(f"[red]error:[/] reading the recording proxy: {escape(str(exc))}; check "
                      "--proxy (a URL of `orchard proxy`, or its --store directory)")
         raise typer.Exit(1) from None
-    except ValueError as exc:
+    except (ValueError, PermissionError) as exc:  # PermissionError: the proxy wants its key
         stderr.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from None
 
 
-def _collect_trace(client: SandboxClient, rollout: str, proxy: str | None) -> Trace:
+def _collect_trace(client: SandboxClient, rollout: str, proxy: str | None,
+                   proxy_key: str | None) -> Trace:
     from orchard.rollout.trace import collect_trace
 
     source: str | Path | None = proxy
@@ -69,7 +73,7 @@ def _collect_trace(client: SandboxClient, rollout: str, proxy: str | None) -> Tr
         if not source.is_dir():
             raise typer.BadParameter(f"{proxy} is neither an http(s) URL nor a directory",
                                      param_hint="--proxy")
-    trace = collect_trace(rollout, client, source)
+    trace = collect_trace(rollout, client, source, proxy_key=proxy_key)
     if not trace.timeline:
         stderr.print(f"[yellow]warning:[/] rollout {escape(rollout)}: no model calls and no "
                      "sandbox events (is the id right? events are kept for the orchestrator's "
@@ -85,11 +89,12 @@ def trace_show(
                                            "session).")],
     orchestrator: _TraceOrchestrator = None,
     proxy: _TraceProxy = None,
+    proxy_key: _TraceProxyKey = None,
     api_key: _TraceApiKey = None,
 ) -> None:
     """Print a rollout's timeline: model calls and sandbox actions in the order they began."""
     with _trace_errors(), _trace_client(ctx, orchestrator, api_key) as client:
-        trace = _collect_trace(client, rollout, proxy)
+        trace = _collect_trace(client, rollout, proxy, proxy_key)
     table = Table(box=None, title=f"rollout {escape(rollout)}")
     for column in ("T+S", "SOURCE", "SEQ", "WHAT"):
         table.add_column(column, no_wrap=column != "WHAT")
@@ -115,6 +120,7 @@ def trace_export(
         "Orchard SWE rows (tools, messages, metadata).")] = "jsonl",
     orchestrator: _TraceOrchestrator = None,
     proxy: _TraceProxy = None,
+    proxy_key: _TraceProxyKey = None,
     api_key: _TraceApiKey = None,
 ) -> None:
     """Export rollouts' traces to a file."""
@@ -123,11 +129,12 @@ def trace_export(
     with _trace_errors(), _trace_client(ctx, orchestrator, api_key) as client:
         if format_ == "jsonl":
             # A generator: each trace is written as soon as it is collected.
-            n = export.write_jsonl((_collect_trace(client, r, proxy) for r in rollouts), output)
+            n = export.write_jsonl((_collect_trace(client, r, proxy, proxy_key)
+                                      for r in rollouts), output)
         else:
             traces = []
             for rollout in rollouts:
-                trace = _collect_trace(client, rollout, proxy)
+                trace = _collect_trace(client, rollout, proxy, proxy_key)
                 try:
                     export.last_chat_call(trace)
                 except ValueError as exc:

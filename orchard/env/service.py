@@ -186,7 +186,7 @@ class SandboxService(ExecJobs, Branching):
         spec = SandboxSpec(sandbox_id=sid, image=image, block_network=req.block_network,
                            cpu=req.cpu, memory=req.memory, pids=req.pids, disk=req.disk,
                            env=env, labels=req.labels, model_proxy=req.model_proxy,
-                           egress=req.egress, snapshot=req.from_snapshot)
+                           session=req.session, egress=req.egress, snapshot=req.from_snapshot)
         try:
             self.backend.check(spec)
             cpu = parse_cpu(req.cpu) if req.cpu is not None else None

@@ -86,13 +86,15 @@ def make_harness(name: str, tasks: Sequence[AnyTask], *,
 def evaluate(tasks: Sequence[AnyTask], harness: Harness, out: Path,
              client: SandboxClient, *,
              config: RunConfig | None = None, proxy_url: str | None = None,
+             proxy_key: str | None = None,
              on_start: Callable[[RolloutResult | None, int, int], None] | None = None,
              on_result: Callable[[RolloutResult], None] | None = None) -> dict[str, Any]:
     """Run ``harness`` on ``tasks`` into ``out`` (resuming what is there); the summary.
 
     A harness with a model gets a recording proxy: ``proxy_url`` if given (then it must
-    forward to the harness's model), else one started here in front of
-    ``harness.model_upstream``, storing its calls under ``out/calls``."""
+    forward to the harness's model, and ``proxy_key`` is its admin key, which reading the
+    rollouts' calls takes), else one started here in front of ``harness.model_upstream``,
+    storing its calls under ``out/calls``, whose key only this call knows."""
     config = config or RunConfig(out=out)
     with contextlib.ExitStack() as stack:
         if hasattr(harness, "__enter__"):
@@ -101,11 +103,15 @@ def evaluate(tasks: Sequence[AnyTask], harness: Harness, out: Path,
             from orchard.rollout.proxy import ProxySettings, create_proxy_app
             from orchard.serving import ThreadedServer
 
-            proxy = ThreadedServer(create_proxy_app(ProxySettings(
-                upstreams=[harness.model_upstream], store=out / "calls",
-                render_with=getattr(harness, "render_with", None))), name="orchard-proxy")
-            proxy_url = proxy.start()
+            settings = ProxySettings(upstreams=[harness.model_upstream], store=out / "calls",
+                                     render_with=getattr(harness, "render_with", None))
+            proxy = ThreadedServer(create_proxy_app(settings), name="orchard-proxy")
+            proxy_url, proxy_key = proxy.start(), settings.admin_key
             stack.callback(proxy.stop)
+        elif proxy_url is not None:
+            from orchard.rollout.trace import check_proxy_key
+
+            check_proxy_key(proxy_url, proxy_key)  # before any rollout, not in each trace
         runner = Runner(config, tasks, harness, client, proxy_url=proxy_url,
-                        on_start=on_start, on_result=on_result)
+                        proxy_key=proxy_key, on_start=on_start, on_result=on_result)
         return runner.run()

@@ -104,6 +104,7 @@ def _scaled(cpu: str, memory: str, attempt: int) -> tuple[str, str]:
 class Runner:
     def __init__(self, config: RunConfig, tasks: Sequence[AnyTask], harness: Harness,
                  client: SandboxClient, *, proxy_url: str | None = None,
+                 proxy_key: str | None = None,
                  on_result: Callable[[RolloutResult], None] | None = None,
                  on_start: Callable[[RolloutResult | None, int, int], None] | None = None) -> None:
         self.config = config
@@ -111,6 +112,7 @@ class Runner:
         self.harness = harness
         self.client = client
         self.proxy_url = proxy_url
+        self.proxy_key = proxy_key  # the proxy's admin key: reading the calls takes it
         self.on_result = on_result
         self.on_start = on_start
         self.out = config.out
@@ -272,7 +274,8 @@ class Runner:
             trace = collect_trace(result.rollout_id, self.client, self.proxy_url, metadata={
                 "run_id": self.run_id, "instance_id": result.instance_id,
                 "sample": result.sample, "harness": result.harness,
-                "reward": result.reward, "resolved": result.resolved})
+                "reward": result.reward, "resolved": result.resolved},
+                proxy_key=self.proxy_key)
         except (OrchardError, OSError, ValueError) as e:
             log.warning("no trace for %s: %s", result.rollout_id, e)
             return

@@ -29,20 +29,23 @@ Weights change between RL steps: :meth:`PolicyServer.update` (in-process) or
 `POST /v1/load_weights {"path": DIR}` (a trainer in another process saves a model folder, see
 orchard/recipes/models.py) swap them once the generation in flight is done, and bump the
 `weights_version` that `GET /v1/weights` and `/v1/models` report; no batch sees two
-versions. On GPUs, vLLM and SGLang take new weights through their own APIs instead (vLLM:
-`/collective_rpc` to reload, or a restart on the new checkpoint; SGLang:
-`/update_weights_from_disk`).
+versions. Loading weights takes the server's admin key (`--admin-key` or ORCHARD_POLICY_KEY;
+`PolicyServer.admin_key`, random, in-process), sent as `X-API-Key` or `Authorization: Bearer`:
+it makes the server read any folder it can see and serve what it holds. On GPUs, vLLM and
+SGLang take new weights through their own APIs instead (vLLM: `/collective_rpc` to reload, or a
+restart on the new checkpoint; SGLang: `/update_weights_from_disk`).
 
     with PolicyServer(tiny_llama(tok), tok) as server:
         proxy = ProxySettings(upstreams=[server.url], store=..., render_with=TOKENIZER_DIR)
 
-    python -m orchard.recipes.serving --model DIR --port 8000
+    ORCHARD_POLICY_KEY=... python -m orchard.recipes.serving --model DIR --port 8000
 """
 
 from __future__ import annotations
 
 import argparse
 import codecs
+import os
 import random
 import threading
 from collections.abc import Mapping, Sequence
@@ -62,9 +65,10 @@ from orchard.recipes.loss import pad_id_of
 from orchard.recipes.models import load_policy, served_weights
 from orchard.rollout.openai_wire import envelope, error_body, usage
 from orchard.rollout.tokenizer import token_bytes
-from orchard.serving import ThreadedServer
+from orchard.serving import ThreadedServer, admin_key_refusal, new_admin_key
 
 DEFAULT_MAX_TOKENS = 256
+ADMIN_KEY_ENV = "ORCHARD_POLICY_KEY"
 MAX_LOGPROBS = 20  # vLLM's default limit, and OpenAI's
 # Request fields this server does not implement, with the values that leave them off: a request
 # that turns one on gets a 400 instead of a sample from some other sampler than it asked for.
@@ -272,7 +276,8 @@ class PolicyEngine:
 
 # --- the app ------------------------------------------------------------------------------------
 
-def create_policy_app(engine: PolicyEngine) -> FastAPI:
+def create_policy_app(engine: PolicyEngine, admin_key: str | None = None) -> FastAPI:
+    """The server's routes; ``admin_key`` guards weight loading (None: no loading over HTTP)."""
     app = FastAPI(title="orchard policy")
 
     @app.exception_handler(RequestError)
@@ -304,6 +309,12 @@ def create_policy_app(engine: PolicyEngine) -> FastAPI:
 
     @app.post("/v1/load_weights")
     async def load_weights(request: Request) -> dict[str, Any]:
+        refusal = admin_key_refusal(
+            admin_key, request.headers, "loading weights",
+            f"start the server with --admin-key KEY (or {ADMIN_KEY_ENV}) and give FolderSync "
+            "key=KEY; in-process, it is PolicyServer.admin_key")
+        if refusal is not None:
+            raise RequestError(refusal[1], refusal[0])
         body = await json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("path"), str):
             raise RequestError('send {"path": "<model folder>"}')
@@ -324,15 +335,17 @@ def create_policy_app(engine: PolicyEngine) -> FastAPI:
 
 class PolicyServer(ThreadedServer):
     """The policy on 127.0.0.1 (a free port) in a background thread; a context manager giving
-    itself, with `.url` (the base URL: the OpenAI client's is `url + "/v1"`)."""
+    itself, with `.url` (the base URL: the OpenAI client's is `url + "/v1"`) and `.admin_key`
+    (what `POST /v1/load_weights` takes; random unless given)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, *,
                  model_name: str = "policy", max_new_tokens_limit: int = 1024,
-                 seed: int = 0, max_batch: int = 8) -> None:
+                 seed: int = 0, max_batch: int = 8, admin_key: str | None = None) -> None:
         self.engine = PolicyEngine(model, tokenizer, model_name=model_name,
                                    max_new_tokens_limit=max_new_tokens_limit, seed=seed,
                                    max_batch=max_batch)
-        super().__init__(create_policy_app(self.engine), name="orchard-policy")
+        self.admin_key = admin_key or new_admin_key()
+        super().__init__(create_policy_app(self.engine, self.admin_key), name="orchard-policy")
 
     def update(self, weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> int:
         """New weights (a model or a state dict), used from the next generation on; returns the
@@ -372,11 +385,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "saved dtype")
     parser.add_argument("--max-new-tokens-limit", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--admin-key", default=os.environ.get(ADMIN_KEY_ENV),
+                        help=f"key POST /v1/load_weights takes (default: ${ADMIN_KEY_ENV}); "
+                             "without one, weights are not loaded over HTTP")
     args = parser.parse_args(argv)
     model, tokenizer = load_policy(args.model, dtype=_DTYPES[args.dtype])
     engine = PolicyEngine(model, tokenizer, model_name=args.model_name,
                           max_new_tokens_limit=args.max_new_tokens_limit, seed=args.seed)
-    uvicorn.run(create_policy_app(engine), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_policy_app(engine, args.admin_key), host=args.host, port=args.port,
+                log_level="warning")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ folder under ``root`` and asks the engine to load it, then keeps only the last `
 folders. Anything with ``update(model) -> version`` can stand where RL and distillation take
 a server (``train_rl(..., server=FolderSync(...), harness=...)``).
 
-    sync = FolderSync("http://sglang:30000", "/shared/weights", kind="sglang")
+    sync = FolderSync("http://sglang:30000", "/shared/weights", kind="sglang", key=KEY)
     train_rl(model, tasks, client, sync, out, config, render_with=MODEL_DIR, harness=harness)
+
+``key`` is the engine's admin key, sent as ``Authorization: Bearer``: an orchard policy server
+refuses to load weights without its own (``--admin-key``), and SGLang checks its ``--api-key``.
 
 vLLM has no stable endpoint that loads new weights from a folder into a running server: run
 it behind the proxy for sampling and restart it on the saved folder, or use its weight-update
@@ -42,12 +45,13 @@ class FolderSync:
 
     def __init__(self, url: str, root: str | Path, *, kind: Literal["orchard", "sglang"],
                  tokenizer_dir: str | Path | None = None, keep: int = 2,
-                 timeout: float = 600.0) -> None:
+                 timeout: float = 600.0, key: str | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep at least one folder (the engine may still read it), not "
                              f"{keep}")
         self.url, self.root, self.kind = url.rstrip("/"), Path(root), kind
         self.tokenizer_dir, self.keep, self.timeout = tokenizer_dir, keep, timeout
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.version = 0
 
     def update(self, weights: torch.nn.Module) -> int:
@@ -58,7 +62,8 @@ class FolderSync:
                       "sglang": ("/update_weights_from_disk",
                                  {"model_path": str(folder)})}[self.kind]
         try:
-            reply = httpx.post(f"{self.url}{path}", json=body, timeout=self.timeout)
+            reply = httpx.post(f"{self.url}{path}", json=body, headers=self.headers,
+                               timeout=self.timeout)
         except httpx.HTTPError as e:
             raise WeightSyncError(f"the {self.kind} engine at {self.url} could not be reached "
                                   f"to load {folder}: {e}") from None

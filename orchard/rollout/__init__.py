@@ -16,7 +16,8 @@ require("rollout")
 import importlib
 from typing import Any
 
-from orchard.rollout.proxy import ProxySettings, assemble_stream, create_proxy_app, token_view
+from orchard.rollout.answers import assemble_stream, token_view
+from orchard.rollout.proxy import ProxySettings, create_proxy_app
 from orchard.rollout.recorder import BadSession, SessionStore
 from orchard.rollout.samples import Drift, Sample, build_samples
 

@@ -6,13 +6,21 @@ A harness points its OpenAI base URL at ``http://proxy/s/<session>/v1`` (or send
 the call (request, response, usage, latency, errors, and token ids with log-probs when the
 upstream returns them) to the session's log. Upstream errors reach the harness unchanged.
 
+Only the inference routes are forwarded (``POST /v1/chat/completions``, ``POST
+/v1/completions``, ``GET /v1/models`` and ``/v1/models/{id}``): sandboxes may reach the proxy
+(directly on Kubernetes), and a model server's control routes (a policy server's
+``/v1/load_weights``, SGLang's and vLLM's admin endpoints) must stay out of their reach. The
+recorded sessions (``/sessions...``) are other rollouts' transcripts: reading them takes the
+proxy's admin key (``ProxySettings.admin_key``, sent as ``X-API-Key``).
+
 A session sticks to one upstream (by hash), so an upstream's prefix cache sees the whole
 conversation.
 
 The proxy's own answers: 400 for a bad session id or a body that is not JSON (refused before it
-reaches the upstream: the log could not hold it), 405 for methods other than GET and POST, 502
-when the upstream cannot be reached or breaks off, 504 when it stays silent past the timeout;
-all in OpenAI's error shape, and all but the 400s and 405s recorded.
+reaches the upstream: the log could not hold it), 404 for a path that is not an inference route,
+405 for a method the route does not take, 502 when the upstream cannot be reached or breaks off,
+504 when it stays silent past the timeout; all in OpenAI's error shape, and all but the 4xx
+recorded.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import re
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -28,16 +37,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from orchard.rollout.answers import assemble_stream, token_view
 from orchard.rollout.openai_wire import error_body
 from orchard.rollout.recorder import BadSession, SessionStore, check_session
 from orchard.rollout.render import ChatRenderer, RenderError, chat_stream
 from orchard.rollout.samples import samples_json
 from orchard.rollout.upstream import Upstream, UpstreamError, UpstreamResponse, UpstreamTimeout
+from orchard.serving import admin_key_refusal, new_admin_key
 from orchard.version import __version__
 
 SESSION_HEADER = "x-orchard-session"
@@ -47,6 +58,15 @@ _FORWARDED = ("authorization", "content-type", "accept", "openai-organization",
               "openai-project", "x-request-id")
 _FORWARDED_RAW = frozenset(h.encode() for h in _FORWARDED)
 _SESSION_HEADER_RAW = SESSION_HEADER.encode()
+# Where `orchard proxy` and the readers of sessions (`orchard trace`, `orchard eval`)
+# find the admin key.
+ADMIN_KEY_ENV = "ORCHARD_PROXY_KEY"
+INFERENCE_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models and "
+                    "GET /v1/models/{id}")
+# A model id may hold slashes (org/name) but no empty, "." or ".." segment (this is the decoded
+# path, so escaped ones count too): the upstream gets the path as the client wrote it, and must
+# read it as this route and no other.
+_MODEL_ROUTE = re.compile(r"/v1/models(/[A-Za-z0-9_:@+-][A-Za-z0-9_.:@+-]*)*")
 
 
 class ProxySettings(BaseModel):
@@ -61,6 +81,10 @@ class ProxySettings(BaseModel):
         None, description="A tokenizer (directory or Hugging Face name) whose chat template "
         "renders chat requests here, sent upstream as token-id prompts to /v1/completions "
         "(see orchard/rollout/render.py); for upstreams whose chat endpoint gives no token ids.")
+    admin_key: str | None = Field(
+        default_factory=new_admin_key, description="Needed to read sessions (X-API-Key or "
+        "Authorization: Bearer); random by default, so that only the code holding these "
+        "settings can read them. None turns session reads off.")
 
 
 def _error_body(status: int, message: str) -> bytes:
@@ -70,6 +94,26 @@ def _error_body(status: int, message: str) -> bytes:
 
 def _error(status: int, message: str) -> Response:
     return Response(_error_body(status, message), status, media_type="application/json")
+
+
+def _route_refusal(method: str, path: str) -> tuple[int, str] | None:
+    """Why a forwarded path is refused (status, message), or None for an inference route."""
+    if path in ("/v1/chat/completions", "/v1/completions"):
+        allowed = "POST"
+    elif _MODEL_ROUTE.fullmatch(path):
+        allowed = "GET"
+    else:
+        return 404, (f"{path[:200]} is not forwarded: the proxy forwards only the inference "
+                     f"routes ({INFERENCE_ROUTES}), under /v1 or /s/{{session}}/v1")
+    if method != allowed:
+        return 405, f"{method} {path} is not forwarded; use {allowed}"
+    return None
+
+
+class _KeyRefused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class _Recorder:
@@ -136,8 +180,9 @@ def create_proxy_app(settings: ProxySettings) -> FastAPI:
 
     app = FastAPI(title="Orchard recording proxy", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible; records each call under a session id. "
-                              "Forwarding: GET/POST /v1/... (session from the "
-                              "X-Orchard-Session header) and /s/{session}/v1/....")
+                              f"Forwarding: {INFERENCE_ROUTES} (session from the "
+                              "X-Orchard-Session header), the same under /s/{session}/v1. "
+                              "Reading sessions takes the admin key (X-API-Key).")
     # The forwarding routes are the hot path: they are answered in front of FastAPI's routing,
     # request and response objects (measured: about half the proxy's time per call went there).
     app.add_middleware(_ForwardingRoutes, forwarder=_Forwarder(settings, upstreams, recorder))
@@ -146,7 +191,19 @@ def create_proxy_app(settings: ProxySettings) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "upstreams": settings.upstreams}
 
-    @app.get("/sessions")
+    @app.exception_handler(_KeyRefused)
+    async def _refused(_: Request, e: _KeyRefused) -> Response:
+        return _error(e.status, str(e))
+
+    def admin(request: Request) -> None:
+        refusal = admin_key_refusal(
+            settings.admin_key, request.headers, "reading sessions",
+            f"give `orchard proxy` --admin-key KEY (or {ADMIN_KEY_ENV}) and send that key; "
+            "in-process, it is ProxySettings.admin_key")
+        if refusal is not None:
+            raise _KeyRefused(*refusal)
+
+    @app.get("/sessions", dependencies=[Depends(admin)])
     async def sessions() -> dict[str, list[str]]:
         return {"sessions": await asyncio.to_thread(store.sessions)}
 
@@ -160,13 +217,13 @@ def create_proxy_app(settings: ProxySettings) -> FastAPI:
                                "GET /sessions")
         return calls
 
-    @app.get("/sessions/{session}")
+    @app.get("/sessions/{session}", dependencies=[Depends(admin)])
     async def session_calls(session: str) -> Response:
         calls = await recorded(session)
         return calls if isinstance(calls, Response) else JSONResponse(
             {"session": session, "calls": calls})
 
-    @app.get("/sessions/{session}/samples")
+    @app.get("/sessions/{session}/samples", dependencies=[Depends(admin)])
     async def session_samples(session: str) -> Response:
         calls = await recorded(session)
         return calls if isinstance(calls, Response) else JSONResponse(
@@ -216,9 +273,10 @@ class _Forwarder:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, session: str,
                        path: str) -> None:
+        refusal = _route_refusal(scope["method"], path)
+        if refusal is not None:
+            return await _send_error(send, *refusal)
         method = scope["method"]
-        if method not in ("GET", "POST"):
-            return await _send_error(send, 405, f"{method} is not forwarded; use GET or POST")
         try:
             check_session(session)
         except BadSession as e:
@@ -420,81 +478,3 @@ def _parse_body(data: bytes, status: int) -> dict[str, Any]:
     if status >= 400:
         return {"error": body}
     return {"response": body}
-
-
-def assemble_stream(raw: bytes) -> dict[str, Any]:
-    """One response object from an SSE stream of chunks (chat or completions), as the
-    non-streaming endpoint would have answered: deltas joined, tool-call arguments joined by
-    index, token ids and log-probs concatenated."""
-    out: dict[str, Any] = {"choices": []}
-    choices: dict[int, dict[str, Any]] = {}
-    for line in raw.decode(errors="replace").splitlines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]" or not data:
-            continue
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            continue
-        for key in ("id", "model", "created", "usage", "prompt_token_ids"):
-            if chunk.get(key) is not None:
-                out[key] = chunk[key]
-        for c in chunk.get("choices") or []:
-            _merge_choice(choices.setdefault(c.get("index", 0), {"index": c.get("index", 0)}),
-                          c)
-    out["choices"] = [choices[i] for i in sorted(choices)]
-    return out
-
-
-def _merge_choice(acc: dict[str, Any], c: dict[str, Any]) -> None:
-    if c.get("finish_reason") is not None:
-        acc["finish_reason"] = c["finish_reason"]
-    if c.get("token_ids"):
-        acc.setdefault("token_ids", []).extend(c["token_ids"])
-    if "text" in c:  # /v1/completions
-        acc["text"] = acc.get("text", "") + (c["text"] or "")
-    logprobs = c.get("logprobs")
-    if logprobs:
-        merged = acc.setdefault("logprobs", {})
-        for key, value in logprobs.items():
-            if isinstance(value, list):
-                merged.setdefault(key, []).extend(value)
-    delta = c.get("delta")
-    if delta is None:
-        return
-    message = acc.setdefault("message", {"role": "assistant", "content": None})
-    if delta.get("content"):
-        message["content"] = (message["content"] or "") + delta["content"]
-    for tc in delta.get("tool_calls") or []:
-        calls = message.setdefault("tool_calls", [])
-        while len(calls) <= tc.get("index", 0):
-            calls.append({"id": None, "type": "function",
-                          "function": {"name": "", "arguments": ""}})
-        slot = calls[tc.get("index", 0)]
-        if tc.get("id"):
-            slot["id"] = tc["id"]
-        fn = tc.get("function") or {}
-        slot["function"]["name"] += fn.get("name") or ""
-        slot["function"]["arguments"] += fn.get("arguments") or ""
-
-
-def token_view(call: dict[str, Any]) -> dict[str, Any] | None:
-    """The exact tokens of a call, when the upstream returned them (vLLM's
-    ``return_token_ids`` and log-probs): prompt ids, completion ids, completion log-probs."""
-    response = call.get("response")
-    if not isinstance(response, dict) or not response.get("choices"):
-        return None
-    choice = response["choices"][0]
-    prompt = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
-    completion = choice.get("token_ids")
-    if not prompt or completion is None:
-        return None
-    logprobs = choice.get("logprobs") or {}
-    if "content" in logprobs:  # chat format: one entry per token
-        values = [t.get("logprob") for t in logprobs["content"] or []]
-    else:  # completions format
-        values = logprobs.get("token_logprobs") or []
-    return {"prompt_ids": prompt, "completion_ids": completion,
-            "completion_logprobs": values if len(values) == len(completion) else None}

@@ -88,12 +88,37 @@ def build_trace(rollout_id: str, calls: list[dict[str, Any]], events: list[Sandb
                  sandbox_events=events, timeline=steps, metadata=metadata or {})
 
 
-def model_calls(rollout_id: str, proxy: str | Path) -> list[dict[str, Any]]:
-    """A session's recorded calls, from a running proxy (its URL) or its store directory."""
+class ProxyRefused(PermissionError):
+    """The proxy would not let us read its sessions (no admin key, or the wrong one)."""
+
+
+def _read_proxy(proxy: str, path: str, key: str | None) -> httpx.Response:
+    r = httpx.get(f"{proxy.rstrip('/')}{path}", timeout=60,
+                  headers={"X-API-Key": key} if key else None)
+    if r.status_code in (401, 403):
+        try:
+            message = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = r.text[:300]
+        raise ProxyRefused(f"the recording proxy at {proxy} refused to show its sessions "
+                           f"({r.status_code}: {message}); pass its admin key (proxy_key=, "
+                           "--proxy-key or ORCHARD_PROXY_KEY) or read its --store directory")
+    return r
+
+
+def check_proxy_key(proxy: str, key: str | None) -> None:
+    """Raise ProxyRefused now, rather than once per rollout, if ``key`` cannot read sessions."""
+    _read_proxy(proxy, "/sessions", key).raise_for_status()
+
+
+def model_calls(rollout_id: str, proxy: str | Path,
+                key: str | None = None) -> list[dict[str, Any]]:
+    """A session's recorded calls, from a running proxy (its URL; reading takes its admin key)
+    or its store directory."""
     check_session(rollout_id)
     if isinstance(proxy, Path):
         return SessionStore(proxy).read(rollout_id) or []
-    r = httpx.get(f"{proxy.rstrip('/')}/sessions/{rollout_id}", timeout=60)
+    r = _read_proxy(proxy, f"/sessions/{rollout_id}", key)
     if r.status_code == 404:
         return []
     r.raise_for_status()
@@ -101,8 +126,10 @@ def model_calls(rollout_id: str, proxy: str | Path) -> list[dict[str, Any]]:
 
 
 def collect_trace(rollout_id: str, client: SandboxClient, proxy: str | Path | None,
-                  metadata: dict[str, Any] | None = None) -> Trace:
+                  metadata: dict[str, Any] | None = None,
+                  proxy_key: str | None = None) -> Trace:
     """The rollout's trace as it stands: call it after the rollout ended (its sandboxes may be
-    deleted already; their events stay for the orchestrator's event retention)."""
-    calls = model_calls(rollout_id, proxy) if proxy is not None else []
+    deleted already; their events stay for the orchestrator's event retention). ``proxy_key``
+    is the proxy's admin key, when ``proxy`` is its URL."""
+    calls = model_calls(rollout_id, proxy, proxy_key) if proxy is not None else []
     return build_trace(rollout_id, calls, client.events(session=rollout_id), metadata)

@@ -32,6 +32,7 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     agent_token: str | None = None  # when set, the agent refuses requests without it
     model_proxy: bool = False  # let it reach the recording proxy (see Backend.model_base_url)
+    session: str | None = None  # its rollout; a model_proxy sandbox's calls go under this one
     egress: list[str] | None = None  # with block_network False: the only destinations allowed
     snapshot: str | None = None  # start from this snapshot's files instead of the bare image
 

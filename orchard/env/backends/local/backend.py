@@ -47,7 +47,7 @@ from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageStore
 from orchard.env.backends.local.launch import CTL_MOUNT, LAUNCH_VIEW, USER_PATH, Launcher
-from orchard.env.backends.local.relay import MODEL_PORT, MODEL_SOCKET, ModelRelays
+from orchard.env.backends.local.relay import MARKER, MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.backends.local.snapshots import SnapshotLayers
 from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of, zygote_userns
@@ -149,6 +149,9 @@ class LocalBackend:
         self.egress.start()
 
     def check(self, spec: SandboxSpec) -> None:
+        if spec.model_proxy and spec.session is None:
+            raise SpecRejected("model_proxy needs a session: the relay carries that session's "
+                               "model calls and no other's")
         if spec.image != "host" and not spec.image.startswith("/"):
             raise SpecRejected(
                 f"image {spec.image!r} must be 'host' or an absolute path to a rootfs "
@@ -220,8 +223,10 @@ class LocalBackend:
             userns_fd, lower_fds = -1, []
             self._launchers[spec.sandbox_id] = proc
             if spec.model_proxy:
-                (sdir / "model-proxy").touch()  # so an adopting orchestrator re-opens the relay
-                await self.relays.open(spec.sandbox_id, sdir / "ctl", uid)
+                assert spec.session is not None  # check() refused it otherwise
+                # So an adopting orchestrator re-opens the relay, for the same session.
+                (sdir / MARKER).write_text(spec.session)
+                await self.relays.open(spec.sandbox_id, sdir / "ctl", uid, spec.session)
             holder = await self._await_holder(spec.sandbox_id, proc)
             # Its mount namespace holds the upper dir of a disk-quota sandbox (see _upper);
             # the namespace's inode tells it from any later process given the same pid.
@@ -378,10 +383,14 @@ class LocalBackend:
         # The agent itself must be alive: the holder alone keeps the cgroup populated.
         if not sock.exists() or agent not in self.cgroups.pids(sandbox_id):
             return None
-        if ((self._dir(sandbox_id) / "model-proxy").exists() and self.relays.proxy
-                and sandbox_id not in self.relays):
-            await self.relays.open(sandbox_id, self._dir(sandbox_id) / "ctl",
-                                   uid_of(self._dir(sandbox_id)))
+        marker = self._dir(sandbox_id) / MARKER
+        if marker.exists() and self.relays.proxy and sandbox_id not in self.relays:
+            # The sandbox dir is host root's: the sandbox cannot have written the marker.
+            try:
+                await self.relays.open(sandbox_id, self._dir(sandbox_id) / "ctl",
+                                       uid_of(self._dir(sandbox_id)), marker.read_text())
+            except BackendError as e:  # an empty marker: made before relays had sessions
+                log.warning("%s; its harness cannot reach the proxy until it is re-created", e)
         return SandboxHandle(sandbox_id=sandbox_id, address=f"unix:{sock}",
                              token=agent_token(self._secret, sandbox_id))
 
