@@ -317,7 +317,7 @@ def test_only_inference_routes_are_forwarded(tmp_path: Path) -> None:
         for method, path, status in [
                 ("GET", "/v1/chat/completions", 405), ("POST", "/v1/models", 405),
                 ("GET", "/v1/models/org/%2e%2e", 404), ("GET", "/v1/models/..%2Fload_weights", 404),
-                ("POST", "/s/m/v1/embeddings", 404), ("POST", "/v1/responses", 404)]:
+                ("GET", "/v1/responses", 405), ("POST", "/s/m/v1/embeddings", 404)]:
             r = httpx.request(method, proxy + path, json={})
             assert r.status_code == status, (path, r.text)
         assert "POST /v1/chat/completions" in r.json()["error"]["message"]

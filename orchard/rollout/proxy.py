@@ -7,11 +7,11 @@ the call (request, response, usage, latency, errors, and token ids with log-prob
 upstream returns them) to the session's log. Upstream errors reach the harness unchanged.
 
 Only the inference routes are forwarded (``POST /v1/chat/completions``, ``POST
-/v1/completions``, ``GET /v1/models`` and ``/v1/models/{id}``): sandboxes may reach the proxy
-(directly on Kubernetes), and a model server's control routes (a policy server's
-``/v1/load_weights``, SGLang's and vLLM's admin endpoints) must stay out of their reach. The
-recorded sessions (``/sessions...``) are other rollouts' transcripts: reading them takes the
-proxy's admin key (``ProxySettings.admin_key``, sent as ``X-API-Key``).
+/v1/completions``, ``POST /v1/responses``, ``GET /v1/models`` and ``/v1/models/{id}``):
+sandboxes may reach the proxy (directly on Kubernetes), and a model server's control routes (a
+policy server's ``/v1/load_weights``, SGLang's and vLLM's admin endpoints) must stay out of
+their reach. The recorded sessions (``/sessions...``) are other rollouts' transcripts: reading
+them takes the proxy's admin key (``ProxySettings.admin_key``, sent as ``X-API-Key``).
 
 A session sticks to one upstream (by hash), so an upstream's prefix cache sees the whole
 conversation.
@@ -61,8 +61,8 @@ _SESSION_HEADER_RAW = SESSION_HEADER.encode()
 # Where `orchard proxy` and the readers of sessions (`orchard trace`, `orchard eval`)
 # find the admin key.
 ADMIN_KEY_ENV = "ORCHARD_PROXY_KEY"
-INFERENCE_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models and "
-                    "GET /v1/models/{id}")
+INFERENCE_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, "
+                    "GET /v1/models and GET /v1/models/{id}")
 # A model id may hold slashes (org/name) but no empty, "." or ".." segment (this is the decoded
 # path, so escaped ones count too): the upstream gets the path as the client wrote it, and must
 # read it as this route and no other.
@@ -98,7 +98,7 @@ def _error(status: int, message: str) -> Response:
 
 def _route_refusal(method: str, path: str) -> tuple[int, str] | None:
     """Why a forwarded path is refused (status, message), or None for an inference route."""
-    if path in ("/v1/chat/completions", "/v1/completions"):
+    if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
         allowed = "POST"
     elif _MODEL_ROUTE.fullmatch(path):
         allowed = "GET"

@@ -2,15 +2,15 @@
 
 A model_proxy sandbox's network namespace holds only loopback. Its agent listens on
 127.0.0.1:MODEL_PORT inside and relays each connection through a Unix socket in the sandbox's
-control dir; this end reads each HTTP request there and sends on only the inference calls of
-the sandbox's own session (``POST /s/<session>/v1/chat/completions``, ``.../v1/completions``,
-``GET .../v1/models`` and ``.../v1/models/<id>``), each as a fresh request of its own on a new
-connection to the configured proxy and nowhere else. Everything else (other sessions, the
-proxy's ``/sessions`` reads, a model server's control routes such as ``/v1/load_weights``,
-other methods, absolute-form targets, ambiguous framing) gets a 4xx in OpenAI's error shape
-and never reaches the proxy. The request is parsed by h11 and written anew, so what the proxy
-receives is exactly the one request that was checked: bytes smuggled after it are parsed as
-the next request on the sandbox's side, and checked in turn.
+control dir; this end reads each HTTP request there and sends on only the inference calls of the
+sandbox's own session (``POST /s/<session>/v1/chat/completions``, ``.../v1/completions``,
+``.../v1/responses``, ``GET .../v1/models`` and ``.../v1/models/<id>``), each as a fresh request
+of its own on a new connection to the configured proxy and nowhere else. Everything else (other
+sessions, the proxy's ``/sessions`` reads, a model server's control routes such as
+``/v1/load_weights``, other methods, absolute-form targets, ambiguous framing) gets a 4xx in
+OpenAI's error shape and never reaches the proxy. The request is parsed by h11 and written anew,
+so what the proxy receives is exactly the one request that was checked: bytes smuggled after it
+are parsed as the next request on the sandbox's side, and checked in turn.
 
 What a sandbox can make the host hold is bounded: a request head (64 KiB) and body (32 MiB),
 the bodies of all its requests in flight together (64 MiB), and its open connections (32).
@@ -54,7 +54,7 @@ _HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding"})
 # A model id may hold slashes (org/name) but no empty, "." or ".." segment and no escapes,
 # so no upstream can read the path as another route.
 _SEGMENT = r"[A-Za-z0-9_:@+-][A-Za-z0-9_.:@+-]*"
-_ROUTES = {"POST": re.compile(r"(chat/completions|completions)"),
+_ROUTES = {"POST": re.compile(r"(chat/completions|completions|responses)"),
            "GET": re.compile(rf"models(/{_SEGMENT})*")}
 
 
@@ -225,7 +225,8 @@ def _check(request: h11.Request, session: str) -> None:
             raise _TOO_BIG
     prefix = f"/s/{session}/v1/"
     allowed = (f"this sandbox may call only POST {prefix}chat/completions, POST "
-               f"{prefix}completions and GET {prefix}models[/ID] (its own session, "
+               f"{prefix}completions, POST {prefix}responses and GET {prefix}models[/ID] (its "
+               "own session, "
                f"{session}) through the model relay")
     if not target.startswith("/"):
         raise _Refused(400, f"request target {target[:200]!r} is not a path; {allowed}")
