@@ -293,6 +293,7 @@ def test_pending_until_the_kubelet_reports_ready(kube: httpx.Client, api: FakeAp
     assert json.loads(meta["annotations"]["orchard.dev/labels"]) == labels
     assert spec["automountServiceAccountToken"] is False
     assert spec["restartPolicy"] == "Never"
+    assert spec["hostUsers"] is False  # a user namespace of its own (kubernetes.host_users)
     [init] = spec["initContainers"]
     assert init["name"] == "agent-injector"
     [bundle] = spec["volumes"]
@@ -360,13 +361,17 @@ def test_manifests_validate_strictly(variant: str) -> None:
             node_selector={"pool": "sandboxes"}, runtime_class="gvisor",
             tolerations=[{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
             image_pull_secrets=["creds"], labels={"team": "ml"}, annotations={"a/b": "c"},
-            add_capabilities=["CHOWN"], image_pull_policy="Always", egress_cidr="10.0.0.0/8")
+            add_capabilities=["CHOWN"], image_pull_policy="Always", egress_cidr="10.0.0.0/8",
+            blocked_egress=["10.128.0.0/20", "203.0.113.10", "2001:db8:1::/48"])
         spec = SandboxSpec(sandbox_id="sb-everything", image="registry.example/x:1",
-                           block_network=False, cpu="2", memory="1Gi", env={"A": "1"},
-                           labels={"k": "v", "bad key": "x"})
+                           block_network=False, cpu="2", memory="1Gi", disk="2Gi",
+                           env={"A": "1"}, labels={"k": "v", "bad key": "x"})
+    listed = SandboxSpec(sandbox_id="sb-listed", image=IMAGE, block_network=False,
+                         egress=["0.0.0.0/0", "2001:db8::/32"])
     docs = [pod_manifest(spec, config, "token", "nonce"), deny_egress_policy(config),
-            allow_egress_policy(spec, config)]
-    assert [d["kind"] for d in docs] == ["Pod", "NetworkPolicy", "NetworkPolicy"]
+            allow_egress_policy(spec, config), allow_egress_policy(listed, config)]
+    assert [d["kind"] for d in docs] == ["Pod", "NetworkPolicy", "NetworkPolicy",
+                                         "NetworkPolicy"]
     for doc in docs:
         assert _schema_errors(doc) == [], doc["kind"]
 

@@ -15,6 +15,8 @@ Environment:
 - ``ORCHARD_TEST_CONTEXT``: a kubeconfig context other than the current one.
 - ``ORCHARD_TEST_EGRESS=1``: the cluster can reach the internet, so also check that a sandbox
   with ``block_network: false`` reaches 1.1.1.1:53 (the control for the blocking test).
+- ``ORCHARD_TEST_HOST_USERS=1``: the cluster cannot run pods in user namespaces (Kubernetes
+  < 1.33, an older runtime, gVisor): create sandbox pods without ``hostUsers: false``.
 - ``ORCHARD_TEST_MODEL_PROXY``: the recording proxy's Service URL as pods reach it (e.g.
   ``http://orchard-proxy.orchard-system.svc:8080``, deploy/kubernetes/base/proxy.yaml), to
   check that a ``model_proxy`` sandbox reaches it and still nothing else.
@@ -53,6 +55,7 @@ IMAGE = os.environ.get("ORCHARD_TEST_IMAGE") or "python:3.12-slim"
 CONTEXT = os.environ.get("ORCHARD_TEST_CONTEXT") or None
 EGRESS = os.environ.get("ORCHARD_TEST_EGRESS") == "1"
 MODEL_PROXY = os.environ.get("ORCHARD_TEST_MODEL_PROXY") or None
+HOST_USERS = os.environ.get("ORCHARD_TEST_HOST_USERS") == "1"
 READY_S = 600.0  # a first pull of both images can take minutes
 CONNECT = "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), 3)\""
 
@@ -98,7 +101,7 @@ def real_orchestrator() -> Iterator[str]:
         "model_proxy": MODEL_PROXY,
         "kubernetes": {"kubeconfig": _kubeconfig(), "context": CONTEXT, "namespace": NAMESPACE,
                        "agent_image": agent_image, "agent_secret": secrets.token_hex(16),
-                       "ready_timeout": READY_S},
+                       "ready_timeout": READY_S, "host_users": HOST_USERS},
     }
     try:
         with EmbeddedOrchestrator(data_dir=data_dir, **settings) as url:
@@ -131,6 +134,15 @@ def test_create_becomes_ready_as_a_pod(http: httpx.Client, sandbox: str) -> None
     assert pod_exists(sandbox)
     r = http.get("/sandboxes", params={"label": "suite=kubernetes-real"})
     assert sandbox in {s["sandbox_id"] for s in r.json()["sandboxes"]}, r.text
+
+
+def test_user_namespace_is_what_the_limits_say(http: httpx.Client, sandbox: str) -> None:
+    """limits.user_namespace must not claim a namespace the node did not make (an API server
+    or a runtime that drops hostUsers: false), nor deny one it did."""
+    userns = http.get(f"/sandboxes/{sandbox}").json()["limits"]["user_namespace"]
+    uid_map = run(http, sandbox, command="cat /proc/self/uid_map")["stdout"].split()
+    shares_the_nodes = uid_map[:3] == ["0", "0", "4294967295"]
+    assert shares_the_nodes is not userns["enforced"], (userns, uid_map)
 
 
 def test_exec(http: httpx.Client, sandbox: str) -> None:

@@ -382,6 +382,10 @@ def test_config_file(rendered: dict[str, list[Manifest]]) -> None:
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     assert kube["agent_port"] == 9090
     assert (kube["node_selector"], kube["tolerations"], kube["runtime_class"]) == ({}, [], None)
+    # Isolation beyond the defaults' is opted out of, never into: a user namespace per pod,
+    # cloud metadata blocked whatever a sandbox's allow-list says.
+    assert kube["host_users"] is False
+    assert "169.254.0.0/16" in kube["blocked_egress"]
     # The agent bundle must come from the same release as the orchestrator.
     orchestrator_image = find(docs, "Deployment", "orchard-orchestrator")["spec"]["template"][
         "spec"]["containers"][0]["image"]
@@ -407,10 +411,13 @@ def test_model_proxy_config_names_the_proxy_service(rendered: dict[str, list[Man
         assert kube["model_proxy_port"] == named[port["targetPort"]]
         assert str(kube["model_proxy_port"]) == container["args"][container["args"].index(
             "--port") + 1]
-        # The proxy admits the sandboxes' side of that path.
+        # The proxy admits the sandboxes' side of that path, from the sandbox namespace.
         policy = find(docs, "NetworkPolicy", "orchard-proxy", SYSTEM_NS)
-        assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP",
-                                                          "port": kube["model_proxy_port"]}]
+        [rule] = policy["spec"]["ingress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": kube["model_proxy_port"]}]
+        sandboxes = [peer for peer in rule["from"] if "namespaceSelector" in peer]
+        assert [peer["namespaceSelector"]["matchLabels"] for peer in sandboxes] == [
+            {"kubernetes.io/metadata.name": kube["namespace"]}]
 
 
 def test_spot_overlay_pins_sandboxes_to_the_tainted_pool(
@@ -429,12 +436,16 @@ def test_spot_overlay_pins_sandboxes_to_the_tainted_pool(
 
 
 def test_gvisor_overlay_sets_the_runtime_class(rendered: dict[str, list[Manifest]]) -> None:
-    assert config(rendered["overlays/gvisor"])["kubernetes"]["runtime_class"] == "gvisor"
+    kube = config(rendered["overlays/gvisor"])["kubernetes"]
+    assert kube["runtime_class"] == "gvisor"
+    # The kubelet refuses hostUsers: false for runsc, which does not announce user namespaces.
+    assert kube["host_users"] is True
 
 
 @pytest.mark.parametrize(("overlay", "changed"), [
     ("overlays/spot-sandboxes", {"node_selector", "tolerations"}),
-    ("overlays/gvisor", {"runtime_class"}),
+    # runsc cannot run pods with hostUsers: false.
+    ("overlays/gvisor", {"runtime_class", "host_users"}),
 ])
 def test_overlays_change_only_their_own_settings(
         rendered: dict[str, list[Manifest]], overlay: str, changed: set[str]) -> None:
@@ -518,3 +529,49 @@ def test_networked_pods_reach_the_public_side_and_dns_only() -> None:
     assert [p["ipBlock"] for p in listed["spec"]["egress"][0]["to"]] == [
         {"cidr": "10.1.2.0/24"}, {"cidr": "192.0.2.7/32"}]
     assert listed["spec"]["podSelector"] == {"matchLabels": {"orchard.dev/sandbox-id": "sb-2"}}
+
+
+def test_blocked_ranges_are_cut_out_of_every_egress_policy() -> None:
+    from orchard.env.backends.base import SandboxSpec
+    from orchard.env.backends.kubernetes.config import KubernetesConfig
+    from orchard.env.backends.kubernetes.manifests import allow_egress_policy
+
+    config = KubernetesConfig(blocked_egress=["10.128.0.0/20", "203.0.113.10", "169.254.0.0/16",
+                                              "2001:db8:1::/48"])
+    default = allow_egress_policy(SandboxSpec("sb-1", "python:3.12", block_network=False),
+                                  config)
+    [block] = [peer["ipBlock"] for peer in default["spec"]["egress"][0]["to"]]
+    assert block["cidr"] == "0.0.0.0/0"
+    # 10.128.0.0/20 is inside 10.0.0.0/8 already; a public load balancer is added.
+    assert set(block["except"]) == {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                    "100.64.0.0/10", "169.254.0.0/16", "203.0.113.10/32"}
+
+    def opened(*egress: str) -> list[dict[str, object]]:
+        spec = SandboxSpec("sb-2", "python:3.12", block_network=False, egress=list(egress))
+        rules = allow_egress_policy(spec, config)["spec"]["egress"]
+        return [peer["ipBlock"] for rule in rules for peer in rule["to"] if "ipBlock" in peer]
+
+    # An allow-list covering a blocked range opens it minus that range, family by family.
+    assert opened("0.0.0.0/0", "10.128.0.0/16", "2001:db8::/32", "198.51.100.0/24") == [
+        {"cidr": "0.0.0.0/0", "except": ["10.128.0.0/20", "169.254.0.0/16", "203.0.113.10/32"]},
+        {"cidr": "10.128.0.0/16", "except": ["10.128.0.0/20"]},
+        {"cidr": "2001:db8::/32", "except": ["2001:db8:1::/48"]},
+        {"cidr": "198.51.100.0/24"}]
+    # One inside a blocked range opens nothing (the backend answers 400 before this is built).
+    assert opened("10.128.0.5/32", "203.0.113.10/32") == []
+
+
+def test_blocked_egress_settings_are_checked() -> None:
+    from pydantic import ValidationError
+
+    from orchard.env.backends.kubernetes.config import KubernetesConfig
+
+    assert KubernetesConfig(blocked_egress=[" 10.0.0.5/16", "2001:db8::1"]).blocked_egress == [
+        "10.0.0.0/16", "2001:db8::1/128"]
+    with pytest.raises(ValidationError, match="'nodes' is not an IP address or CIDR network"):
+        KubernetesConfig(blocked_egress=["nodes"])
+    with pytest.raises(ValidationError, match="egress_cidr 203.0.113.0/25 lies inside "
+                                              "blocked_egress 203.0.113.0/24"):
+        KubernetesConfig(egress_cidr="203.0.113.0/25", blocked_egress=["203.0.113.0/24"])
+    with pytest.raises(ValidationError, match="egress_cidr 'everywhere' is not a CIDR network"):
+        KubernetesConfig(egress_cidr="everywhere")

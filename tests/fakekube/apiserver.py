@@ -44,6 +44,9 @@ Test controls (thread-safe, callable from any thread):
 - ``inject_fault(status, method=, resource=, times=, retry_after=, watch=)``.
 - ``compact()``: forget watch history, so resuming an older watch gets 410 Expired.
 - ``disconnect_watches()``: abort every open watch connection mid-stream.
+- ``prune_fields(resource, *paths)``: drop these dotted fields (``"spec.hostUsers"``) from
+  every object of that resource written from now on, without a word, as an API server drops
+  a field it does not know or whose feature gate is off; no paths: stop.
 
 In-process API for a fake kubelet (not logged in ``requests``). The coroutines must run on
 the server's own loop, e.g. from a listener or via ``run_in_loop``; objects returned or passed
@@ -508,6 +511,7 @@ class FakeApiServer:
         self._history_start = 0  # watches may resume from any version >= this one
         self._watchers: dict[str, set[_Watcher]] = {k.plural: set() for k in KINDS}
         self._listeners: list[Listener] = []
+        self._pruned: dict[str, tuple[str, ...]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -624,6 +628,15 @@ class FakeApiServer:
                        retry_after, times)
         with self._faults_lock:
             self._faults.append(fault)
+
+    def prune_fields(self, resource: str, *paths: str) -> None:
+        """Drop ``paths`` (dotted, e.g. "spec.hostUsers") from every ``resource`` object
+        written from now on, silently; no paths: keep every field again."""
+        kind = _BY_PLURAL[resource]
+
+        def prune() -> None:
+            self._pruned[kind.plural] = paths
+        self._on_loop(prune)
 
     def compact(self) -> None:
         """Forget all watch history: watches from any version older than now get 410."""
@@ -743,8 +756,20 @@ class FakeApiServer:
             if body.get(field, want) != want:
                 raise ApiError(400, f"{field} {body[field]!r} does not match the URL: "
                                     f"expected {want!r}")
-        return {**body, "kind": kind.kind, "apiVersion": kind.api_version,
-                "metadata": dict(body.get("metadata") or {})}
+        obj = {**body, "kind": kind.kind, "apiVersion": kind.api_version,
+               "metadata": dict(body.get("metadata") or {})}
+        for path in self._pruned.get(kind.plural, ()):
+            *parents, name = path.split(".")
+            parent = obj
+            for part in parents:  # copied on the way down: the body may share stored dicts
+                child = parent.get(part)
+                if not isinstance(child, dict):
+                    break
+                child = parent[part] = dict(child)
+                parent = child
+            else:
+                parent.pop(name, None)
+        return obj
 
     def _check_namespace(self, kind: ResourceKind, meta: Obj, namespace: str | None) -> None:
         if not kind.namespaced:

@@ -11,6 +11,10 @@ writes are not counted as API requests (only the orchestrator's are).
 
 Images: a pod's image is looked up in ``images`` (container image -> local image reference);
 anything else runs as "host"; images starting with ``missing/`` fail with ErrImagePull.
+
+Not modelled: ephemeral-storage limits (a real kubelet evicts a pod past them; tests stand in
+with ``fail_pod(..., reason="Evicted")``), ``hostUsers`` (every local sandbox has a user
+namespace of its own anyway) and NetworkPolicy (see tests/fakekube/netpol.py).
 """
 
 from __future__ import annotations
@@ -177,15 +181,17 @@ class FakeKubelet:
 
     # --- test controls ----------------------------------------------------------------------
 
-    def fail_pod(self, namespace: str, name: str, reason: str = "OOMKilled") -> None:
-        """The pod's container dies, as after an OOM kill: the sandbox goes, the pod stays."""
+    def fail_pod(self, namespace: str, name: str, reason: str = "OOMKilled",
+                 message: str | None = None) -> None:
+        """The pod's container dies, as after an OOM kill or an eviction (reason "Evicted",
+        with the kubelet's message): the sandbox goes, the pod stays."""
         async def fail() -> None:
             relay = self._relays.pop((namespace, name), None)
             if relay is not None:
                 relay[0].close()
             await self.backend.delete(name)
             await self._status((namespace, name), {
-                "phase": "Failed", "reason": reason,
+                "phase": "Failed", "reason": reason, **({"message": message} if message else {}),
                 "conditions": [{"type": "Ready", "status": "False"}]})
         self.server.run_in_loop(fail()).result()
 

@@ -30,9 +30,10 @@ from orchard.env.backends.base import (
     agent_token,
 )
 from orchard.env.backends.kubernetes.calls import ApiCaller, not_found
-from orchard.env.backends.kubernetes.config import KubernetesConfig
+from orchard.env.backends.kubernetes.config import KubernetesConfig, covering_block
 from orchard.env.backends.kubernetes.informer import NotSynced, Pod, PodInformer
 from orchard.env.backends.kubernetes.manifests import (
+    LIMIT_NAMES,
     MANAGED_BY,
     NETWORK,
     NONCE,
@@ -43,12 +44,29 @@ from orchard.env.backends.kubernetes.manifests import (
     pod_manifest,
 )
 from orchard.env.backends.kubernetes.snapshots import PodSnapshots, signal_pod
+from orchard.env.quantities import parse_memory
 from orchard.env.schema import LimitReport, parse_egress_entry
 
 log = logging.getLogger("orchard.env.kubernetes")
 # Waiting reasons that no amount of waiting fixes: fail the create at once, saying why.
 _HOPELESS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                        "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull"})
+# The agent bundle's emptyDir (about 75 MiB) counts against the pod's ephemeral storage: less
+# than this would leave the sandbox next to nothing, or have its pod evicted as it starts.
+MIN_DISK = 256 << 20
+_EVICTION = ("pod resources.limits ephemeral-storage: when the container's writes, its logs "
+             "and the agent bundle's emptyDir (about 75 MiB) exceed it, the kubelet evicts the "
+             "pod (within its eviction-monitoring interval; writes do not fail with ENOSPC) and "
+             "the sandbox turns failed")
+_USERNS_KEPT = ("hostUsers: false: the pod has its own user namespace, so sandbox root is an "
+                "unprivileged uid of the node (the node's runtime must support it: containerd "
+                ">= 2.0 or CRI-O >= 1.25)")
+_USERNS_DROPPED = ("NOT in effect: the API server dropped hostUsers: false from the pod (it "
+                   "needs Kubernetes >= 1.33, or 1.30-1.32 with the UserNamespacesSupport "
+                   "feature gate), so sandbox root is the node's root uid; upgrade, or set "
+                   "kubernetes.host_users: true to stop asking")
+_USERNS_OFF = ("off: kubernetes.host_users is true, so the pod shares the node's user "
+               "namespace and sandbox root is the node's root uid")
 
 
 def pod_ready(pod: Pod | None) -> bool:
@@ -64,7 +82,9 @@ def pod_problem(pod: Pod | None) -> str | None:
         return "its pod was deleted"
     status = pod.get("status") or {}
     if status.get("phase") in ("Failed", "Succeeded"):
-        return f"its pod ended ({status['phase']}: {status.get('reason') or status.get('message')})"
+        # An eviction says why in the message ("Pod ephemeral local storage usage exceeds...").
+        why = ": ".join(str(x) for x in (status.get("reason"), status.get("message")) if x)
+        return f"its pod ended ({status['phase']}: {why or 'no reason given'})"
     for cs in [*(status.get("initContainerStatuses") or []),
                *(status.get("containerStatuses") or [])]:
         waiting = (cs.get("state") or {}).get("waiting") or {}
@@ -93,6 +113,9 @@ class KubernetesBackend:
         self._client: ApiClient | None = None
         self._informer_task: asyncio.Task[None] | None = None
         self.snapshots = PodSnapshots(config)
+        self._blocked = config.blocked_networks()
+        # What the API server did with hostUsers: false on the last pod seen (None: none yet).
+        self._userns: LimitReport | None = None
 
     # --- start / stop -------------------------------------------------------------------
 
@@ -169,7 +192,17 @@ class KubernetesBackend:
                 "api_calls": ", ".join(f"{k}={v}" for k, v in sorted(self.api.counts.items())),
                 "snapshots": f"tar of {', '.join(self.snapshots.paths)} in {self.snapshots.dir}"
                 if self.snapshots.dir else "off: set kubernetes.snapshot_dir",
-                "pause": "SIGSTOP/SIGCONT of the pod's processes"}
+                "pause": "SIGSTOP/SIGCONT of the pod's processes",
+                "user_namespace": self._userns_summary(),
+                "blocked_egress": ", ".join(self.config.blocked_egress) or "none"}
+
+    def _userns_summary(self) -> str:
+        if self._userns is not None:
+            return self._userns.detail
+        if self.config.host_users:
+            return _USERNS_OFF
+        return ("hostUsers: false asked for; no pod seen yet to tell whether the API server "
+                "keeps it")
 
     # --- sandboxes ------------------------------------------------------------------------
 
@@ -181,12 +214,25 @@ class KubernetesBackend:
         if spec.image == "host" or spec.image.startswith("/"):
             raise SpecRejected(f"image {spec.image!r} is a local-backend image; on Kubernetes "
                                "give a container image reference such as python:3.12-slim")
-        names = [e for e in spec.egress or () if isinstance(parse_egress_entry(e), str)]
+        entries = [(e, parse_egress_entry(e)) for e in spec.egress or ()]
+        names = [e for e, parsed in entries if isinstance(parsed, str)]
         if names:
             raise SpecRejected(
                 f"egress host names ({', '.join(names)}) cannot be expressed in a Kubernetes "
                 "NetworkPolicy, which matches addresses only; give IP addresses or CIDR "
                 "networks on this backend (the local backend takes names)")
+        for entry, parsed in entries:
+            blocked = covering_block(parsed, self._blocked)
+            if blocked is not None:
+                raise SpecRejected(
+                    f"egress entry {entry} lies inside {blocked}, which no sandbox may reach "
+                    "on this cluster (kubernetes.blocked_egress: nodes, load balancers, cloud "
+                    "metadata); leave it out. A wider entry is opened minus the blocked ranges")
+        if spec.disk is not None and parse_memory(spec.disk) < MIN_DISK:
+            raise SpecRejected(
+                f"disk {spec.disk!r} is below the minimum of 256Mi on Kubernetes: the pod's "
+                "ephemeral-storage limit also counts the agent bundle it carries (about 75 "
+                "MiB); ask for at least 256Mi")
         if spec.snapshot is not None and self.snapshots.dir is None:
             raise SpecRejected("this orchestrator keeps no snapshots on Kubernetes: set "
                                "kubernetes.snapshot_dir to a volume mounted into it")
@@ -195,13 +241,30 @@ class KubernetesBackend:
         ip, sid = pod["status"]["podIP"], pod["metadata"]["name"]
         host = f"[{ip}]" if ":" in ip else ip
         limits = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
+        reports = {name: LimitReport(requested=str(limits[key]), enforced=True,
+                                     detail=_EVICTION if name == "disk" else
+                                     "pod resources.limits (kubelet)")
+                   for name, key in LIMIT_NAMES.items() if key in limits}
+        reports["user_namespace"] = self._user_namespace(pod)
         return SandboxHandle(
             sandbox_id=sid, address=f"tcp:{host}:{self.config.agent_port}",
-            token=agent_token(self._secret, sid),
-            limits={k: LimitReport(requested=str(v), enforced=True,
-                                   detail="pod resources.limits (kubelet)")
-                    for k, v in limits.items()},
+            token=agent_token(self._secret, sid), limits=reports,
         )
+
+    def _user_namespace(self, pod: Pod) -> LimitReport:
+        """Whether this pod kept hostUsers: false. An API server that does not know the field,
+        or has its feature gate off, drops it without a word: say so once, loudly."""
+        if pod["spec"].get("hostUsers") is False:
+            report = LimitReport(requested="hostUsers: false", enforced=True, detail=_USERNS_KEPT)
+        elif self.config.host_users:
+            report = LimitReport(requested=None, enforced=False, detail=_USERNS_OFF)
+        else:
+            report = LimitReport(requested="hostUsers: false", enforced=False,
+                                 detail=_USERNS_DROPPED)
+            if self._userns is None or self._userns.enforced:
+                log.warning("sandbox pod %s: %s", pod["metadata"]["name"], _USERNS_DROPPED)
+        self._userns = report
+        return report
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         if spec.snapshot is not None:
@@ -287,7 +350,13 @@ class KubernetesBackend:
             # The API server only on a cache miss, e.g. a pod another replica made ready a
             # moment ago whose event has not reached this replica's watch yet.
             pod = await self._read_pod(sandbox_id)
-        return self._handle(pod) if pod_ready(pod) else None
+        if pod_ready(pod):
+            return self._handle(pod)
+        if pod is not None and (problem := pod_problem(pod)) is not None:
+            # The record will say only that the sandbox exited: log the pod's own reason (an
+            # eviction for writing past its disk limit, an OOM kill).
+            log.warning("sandbox %s: %s", sandbox_id, problem)
+        return None
 
     # --- snapshots and pause, through the pod's agent (see snapshots.py) ---------------------
 

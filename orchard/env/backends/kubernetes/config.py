@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from orchard.env.schema import IPNetwork
 from orchard.version import __version__
 
 AGENT_PORT = 9090
 # The writable state a snapshot keeps by default: work, home directories and scratch space.
 SNAPSHOT_PATHS = ["/workspace", "/root", "/home", "/tmp", "/testbed"]
+# Link-local: the cloud metadata service (169.254.169.254) hands out the node's credentials.
+BLOCKED_EGRESS = ["169.254.0.0/16"]
+
+
+def covering_block(network: IPNetwork, blocked: Iterable[IPNetwork]) -> IPNetwork | None:
+    """The blocked range that holds all of ``network``, if one does. CIDR blocks are nested or
+    disjoint, so any other blocked range that overlaps it lies strictly inside it."""
+    return next((b for b in blocked
+                 if b.version == network.version and network.subnet_of(b)), None)
 
 
 class KubernetesConfig(BaseModel):
@@ -33,6 +45,16 @@ class KubernetesConfig(BaseModel):
     add_capabilities: list[str] = Field(
         default_factory=list, description="Added back after dropping ALL (e.g. CHOWN).")
     egress_cidr: str = Field("0.0.0.0/0", description="Where block_network=false pods may go.")
+    blocked_egress: list[str] = Field(
+        default_factory=lambda: list(BLOCKED_EGRESS),
+        description="Addresses and CIDR networks no sandbox may reach, whatever its egress "
+        "allow-list says: the nodes, load balancers, the API server, cloud metadata. Cut out "
+        "of every egress policy; an allow-list entry inside one is refused (400).")
+    host_users: bool = Field(
+        False, description="False: each sandbox pod gets its own user namespace "
+        "(hostUsers: false), so its root is an unprivileged uid of the node. Needs Kubernetes "
+        ">= 1.33 (or the UserNamespacesSupport feature gate), Linux >= 6.3, containerd >= 2.0 "
+        "or CRI-O >= 1.25. True: pods share the node's user namespace (clusters without it).")
     model_proxy_namespace: str = Field(
         "orchard-system", description="Namespace of the recording proxy's pods, which "
         "model_proxy sandboxes may reach (the orchestrator's model_proxy URL names its Service).")
@@ -60,6 +82,35 @@ class KubernetesConfig(BaseModel):
     snapshot_timeout: float = Field(
         300, gt=0, description="Seconds the agent may stay silent while it archives or "
         "restores a snapshot (it walks the paths before it answers).")
+
+    @field_validator("blocked_egress")
+    @classmethod
+    def _networks(cls, entries: list[str]) -> list[str]:
+        networks = []
+        for entry in entries:
+            try:
+                networks.append(str(ipaddress.ip_network(entry.strip(), strict=False)))
+            except ValueError:
+                raise ValueError(f"blocked_egress entry {entry!r} is not an IP address or CIDR "
+                                 "network, e.g. 10.128.0.0/20 or 203.0.113.7") from None
+        return networks
+
+    @model_validator(mode="after")
+    def _egress_cidr_is_open(self) -> KubernetesConfig:
+        try:
+            cidr = ipaddress.ip_network(self.egress_cidr)
+        except ValueError:
+            raise ValueError(f"egress_cidr {self.egress_cidr!r} is not a CIDR network with no "
+                             "host bits set, e.g. 0.0.0.0/0") from None
+        blocked = covering_block(cidr, self.blocked_networks())
+        if blocked is not None:
+            raise ValueError(f"egress_cidr {cidr} lies inside blocked_egress {blocked}: "
+                             "networked sandboxes would reach nothing; widen egress_cidr or "
+                             "narrow the blocked range")
+        return self
+
+    def blocked_networks(self) -> list[IPNetwork]:
+        return [ipaddress.ip_network(b) for b in self.blocked_egress]
 
     @field_validator("snapshot_paths")
     @classmethod

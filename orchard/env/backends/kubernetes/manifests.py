@@ -8,11 +8,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from orchard.env.agent.bundle import BUNDLE_MOUNT, agent_command
 from orchard.env.backends.base import SandboxSpec
-from orchard.env.backends.kubernetes.config import KubernetesConfig
+from orchard.env.backends.kubernetes.config import KubernetesConfig, covering_block
+from orchard.env.schema import IPNetwork
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "orchard"}
 SANDBOX_ID = "orchard.dev/sandbox-id"
@@ -36,6 +38,8 @@ _COPY_BUNDLE = (
 # Not reachable from a networked pod by default (RFC 1918, RFC 6598, link-local).
 PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
                   "169.254.0.0/16")
+# The limits a sandbox may ask for, by the resource names of the pod spec.
+LIMIT_NAMES = {"cpu": "cpu", "memory": "memory", "disk": "ephemeral-storage"}
 
 
 def allow_egress_name(sandbox_id: str) -> str:
@@ -57,11 +61,8 @@ def _restricted(add: list[str] | None = None) -> dict[str, Any]:
 def pod_manifest(spec: SandboxSpec, config: KubernetesConfig, token: str,
                  nonce: str) -> dict[str, Any]:
     sid = spec.sandbox_id
-    resources: dict[str, str] = {}
-    if spec.cpu is not None:
-        resources["cpu"] = spec.cpu
-    if spec.memory is not None:
-        resources["memory"] = spec.memory
+    asked = {"cpu": spec.cpu, "memory": spec.memory, "disk": spec.disk}
+    resources = {LIMIT_NAMES[k]: v for k, v in asked.items() if v is not None}
     probe = {"httpGet": {"path": "/health", "port": config.agent_port}}
     pod: dict[str, Any] = {
         "apiVersion": "v1",
@@ -82,6 +83,9 @@ def pod_manifest(spec: SandboxSpec, config: KubernetesConfig, token: str,
             # Sandboxes are disposable; the agent (PID 1) exits on SIGTERM anyway.
             "terminationGracePeriodSeconds": 1,
             "hostname": sid,
+            # Its own user namespace: sandbox root is an unprivileged uid of the node. (This
+            # rules out hostNetwork, hostPID and hostIPC, which sandbox pods never set.)
+            **({} if config.host_users else {"hostUsers": False}),
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             "initContainers": [{
                 "name": "agent-injector",
@@ -137,25 +141,35 @@ def deny_egress_policy(config: KubernetesConfig) -> dict[str, Any]:
     }
 
 
+def _ip_block(network: IPNetwork, excepted: Iterable[IPNetwork]) -> dict[str, Any]:
+    """``network`` minus the excepted ranges inside it. The API server takes only strict
+    subsets of ``cidr`` in ``except``, of the same family."""
+    inside = [e for e in excepted if e.version == network.version and e != network
+              and e.subnet_of(network)]
+    block: dict[str, Any] = {"cidr": str(network)}
+    if inside:
+        block["except"] = [str(n) for n in ipaddress.collapse_addresses(inside)]
+    return block
+
+
 def allow_egress_policy(spec: SandboxSpec, config: KubernetesConfig) -> dict[str, Any]:
     """The one extra object a block_network=false sandbox costs; deleted with it.
 
     Without an allow-list: ``egress_cidr`` minus the private, shared and link-local ranges
-    (cluster pods and services, the nodes, cloud metadata), plus cluster DNS. With one: its
-    addresses and networks only, plus DNS. Host names cannot be expressed in a NetworkPolicy
-    (the backend refuses them before this is built).
+    (cluster pods and services, the nodes, cloud metadata) and ``blocked_egress``, plus
+    cluster DNS. With one: its addresses and networks minus ``blocked_egress`` (so 0.0.0.0/0
+    opens everything but the blocked ranges), plus DNS. Host names cannot be expressed in a
+    NetworkPolicy, and an entry inside a blocked range opens nothing: the backend refuses
+    both before this is built.
     """
+    blocked = config.blocked_networks()
     if spec.egress is None:
-        cidr = ipaddress.ip_network(config.egress_cidr)
-        private = [ipaddress.IPv4Network(r) for r in PRIVATE_RANGES]
-        excepted = [str(n) for n in private if isinstance(cidr, ipaddress.IPv4Network)
-                    and n != cidr and n.subnet_of(cidr)]
-        block: dict[str, Any] = {"cidr": config.egress_cidr}
-        if excepted:
-            block["except"] = excepted
-        peers = [{"ipBlock": block}]
+        private = [ipaddress.ip_network(r) for r in PRIVATE_RANGES]
+        blocks = [_ip_block(ipaddress.ip_network(config.egress_cidr), [*private, *blocked])]
     else:
-        peers = [{"ipBlock": {"cidr": str(ipaddress.ip_network(e))}} for e in spec.egress]
+        wanted = [ipaddress.ip_network(e) for e in spec.egress]
+        blocks = [_ip_block(n, blocked) for n in wanted if covering_block(n, blocked) is None]
+    peers = [{"ipBlock": block} for block in blocks]
     rules: list[dict[str, Any]] = [_dns_rule()]
     if peers:
         rules.insert(0, {"to": peers})
