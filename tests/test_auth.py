@@ -93,6 +93,19 @@ def test_health_and_banner_need_no_key(secured: str) -> None:
         assert banner.status_code == 200 and banner.json()["name"] == "orchard-env"
 
 
+def test_with_keys_any_host_name_is_answered_and_the_key_still_decides(secured: str) -> None:
+    """In a cluster the orchestrator is reached by its Service's DNS name (and probed by its
+    pod IP): with keys the Host is not checked, since a rebinding page cannot know a key."""
+    service = "orchard-orchestrator.orchard-system.svc.cluster.local:8000"
+    with httpx.Client(base_url=secured, timeout=30, headers={"Host": service}) as http:
+        assert http.get("/sandboxes", headers={"X-API-Key": "k1"}).status_code == 200
+        r = http.get("/sandboxes")
+        assert r.status_code == 401 and "X-API-Key" in r.json()["detail"], r.text
+        # A browser origin is refused even with the key (none are allowed by default).
+        r = http.get("/sandboxes", headers={"X-API-Key": "k1", "Origin": "http://evil.test"})
+        assert r.status_code == 403 and "allowed_origins" in r.json()["detail"], r.text
+
+
 def _exec_count(http: httpx.Client) -> float:
     r = http.get("/metrics")
     assert r.status_code == 200, r.text

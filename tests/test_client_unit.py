@@ -430,6 +430,20 @@ async def test_async_retries_a_503_and_never_resends_a_dropped_exec() -> None:
     assert script.sent == ["POST /sandboxes/sb-1/exec"] * 3
 
 
+async def test_sandbox_id_is_the_reference_sdks_name_for_id_on_both_twins() -> None:
+    moved = INFO.model_copy(update={"sandbox_id": "sb-2"})
+    async with AsyncSandboxClient("http://orchard.test",
+                                  transport=httpx.MockTransport(Script())) as aclient:
+        with scripted(Script(moved)) as client:
+            for sb in (Sandbox(client, INFO), AsyncSandbox(aclient, INFO)):
+                assert sb.sandbox_id == sb.id == "sb-1"
+                with pytest.raises(AttributeError):
+                    sb.sandbox_id = "sb-other"  # type: ignore[misc]  # read-only, as id
+            sync_sb = Sandbox(client, INFO)
+            sync_sb.refresh()  # it follows the handle's info, as id does
+            assert sync_sb.sandbox_id == sync_sb.id == "sb-2"
+
+
 # --- commands and results ---------------------------------------------------------------------
 
 

@@ -30,6 +30,16 @@ def serve(
         list[str] | None,
         typer.Option(help="Accepted API key (repeatable; also ORCHARD_API_KEYS=k1,k2)."),
     ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(help="Host name the API answers (repeatable; '*.example.com', '*'). "
+                     "Default: 127.0.0.1, localhost, ::1 without API keys, any with keys."),
+    ] = None,
+    allowed_origin: Annotated[
+        list[str] | None,
+        typer.Option(help="Browser origin whose pages may call the API, e.g. "
+                     "http://localhost:3000 (repeatable). Default: none."),
+    ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Where sandboxes live.")] = None,
     max_sandboxes: int | None = None,
     max_concurrent_creates: int | None = None,
@@ -47,7 +57,8 @@ def serve(
 
     run_server(
         host=host, port=port, config=config, log_level=log_level, backend=backend,
-        state=state, api_keys=api_key or None, data_dir=data_dir, max_sandboxes=max_sandboxes,
+        state=state, api_keys=api_key or None, allowed_hosts=allowed_host or None,
+        allowed_origins=allowed_origin or None, data_dir=data_dir, max_sandboxes=max_sandboxes,
         max_concurrent_creates=max_concurrent_creates, reconcile_interval=reconcile_interval,
         model_proxy=model_proxy,
     )

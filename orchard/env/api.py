@@ -1,4 +1,5 @@
-"""The FastAPI app: the routers of orchard/env/routes, auth, body limits, error answers."""
+"""The FastAPI app: the routers of orchard/env/routes, the Host/Origin guard, auth, body limits,
+error answers."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from orchard.env.routes.files import RAW_UPLOAD
 from orchard.env.sandbox_ops import SandboxOps
 from orchard.env.service import SandboxService
 from orchard.env.state.base import LockTimeout, StoreUnavailable
+from orchard.http_guard import HostOriginGuard
 from orchard.version import __version__
 
 
@@ -75,6 +77,10 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     app = FastAPI(title="Orchard Env", version=__version__, lifespan=lifespan,
                   description="Isolated sandboxes for agents: create, exec, files, patches, PTY.")
     app.add_middleware(BodyLimit, limit=settings.max_json_body)
+    # Outermost, so that a refused request is not even read: a browser page that was sent
+    # here (DNS rebinding, a cross-site WebSocket) gets nothing, key or no key.
+    app.add_middleware(HostOriginGuard, allowed_hosts=settings.hosts(),
+                       allowed_origins=settings.allowed_origins)
 
     async def auth(request: Request) -> None:  # async: a sync one costs a thread hop
         check_key(settings.api_keys, given_key(request))

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import platformdirs
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from orchard.env.backends.kubernetes.config import KubernetesConfig
+from orchard.http_guard import LOOPBACK_HOSTS, host_patterns, origin_patterns
 
 
 def default_data_dir() -> Path:
@@ -26,6 +27,16 @@ class Settings(BaseModel):
     backend: str = Field("local", description="local or kubernetes")
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     api_keys: list[str] = Field(default_factory=list)
+    allowed_hosts: list[str] | None = Field(
+        None, description="Host names (the Host header, any port) the API answers: a name, an "
+        "address, '*.example.com' or '*'. Default: without API keys, the loopback names "
+        "127.0.0.1, localhost and ::1 (a DNS-rebinding page gets nothing); with keys, any host "
+        "(a page cannot know a key, and a cluster reaches the orchestrator by its Service "
+        "name).")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="Browser origins (scheme://host[:port], or '*') "
+        "whose pages may call the API, WebSocket included. Requests without an Origin header "
+        "(SDK, CLI, curl) and the server's own pages (/docs) need none.")
     max_sandboxes: int = Field(2000, ge=1)
     max_concurrent_creates: int = Field(64, ge=1)
     default_ttl: float = Field(7200, gt=0, description="Seconds a sandbox lives by default.")
@@ -59,6 +70,22 @@ class Settings(BaseModel):
         "by default: its work runs outside the filter's view).")
     max_json_body: int = Field(64 << 20, description="Largest JSON request body, bytes.")
     max_upload_bytes: int = Field(8 << 30, description="Largest raw upload, bytes.")
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else host_patterns(value)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        return origin_patterns(value)
+
+    def hosts(self) -> list[str]:
+        """The host names the API answers (``allowed_hosts``, or its default)."""
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        return ["*"] if self.api_keys else list(LOOPBACK_HOSTS)
 
     def state_url(self) -> str:
         return self.state or f"sqlite:///{self.data_dir / 'state.db'}"

@@ -204,5 +204,10 @@ class SandboxBase:
     def id(self) -> str:
         return self.info.sandbox_id
 
+    @property
+    def sandbox_id(self) -> str:
+        """The same as :attr:`id`: the reference SDK's name for it, for code written to it."""
+        return self.info.sandbox_id
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id!r}, status={self.info.status.value!r})"
