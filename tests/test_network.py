@@ -6,7 +6,8 @@ cloud metadata address, private ranges, and a port bound inside showing up on th
 What is allowed must still work: a test server in a network namespace this test creates,
 on a "public" address (198.18.0.0/15, the benchmarking range) and on a private one (10.x)
 that only an allow-list opens. No traffic leaves this machine: the addresses live in the
-test's own namespace, and refused packets never leave the sandbox's.
+test's own namespace, names are asked of a resolver of the test's own, and refused packets
+never leave the sandbox's.
 """
 
 from __future__ import annotations
@@ -23,10 +24,21 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import dns.message
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
 import httpx
 import pytest
 
-from tests.conftest import create_ready, dedicated_orchestrator, needs_root, run, wait_until
+from tests.conftest import (
+    create_ready,
+    dedicated_orchestrator,
+    needs_root,
+    run,
+    short_data_dir,
+    wait_until,
+)
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -164,22 +176,97 @@ def test_an_allow_list_opens_only_what_it_lists(http: httpx.Client, upstream: st
         http.delete(f"/sandboxes/{sid}")
 
 
-def test_dns_goes_through_the_sandboxs_own_forwarder(http: httpx.Client) -> None:
-    """The host's resolv.conf may name a private or loopback resolver, which the rules
-    refuse: the sandbox gets slirp4netns's forwarder, which asks the host's resolvers."""
-    sid = create_ready(http, {"image": "host", "block_network": False})
+@contextlib.contextmanager
+def name_server(address: str, names: dict[str, str]) -> Iterator[list[str]]:
+    """A DNS server on ``address``:53 (UDP) that answers A queries for ``names`` (NXDOMAIN
+    for others); yields the names it was asked, in order."""
+    asked: list[str] = []
+    stop = threading.Event()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((address, 53))
+    sock.settimeout(0.2)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                data, peer = sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            query = dns.message.from_wire(data)
+            reply = dns.message.make_response(query)
+            question = query.question[0]
+            name = question.name.to_text(omit_final_dot=True)
+            asked.append(name)
+            if name not in names:
+                reply.set_rcode(dns.rcode.NXDOMAIN)
+            elif question.rdtype == dns.rdatatype.A:
+                reply.answer.append(dns.rrset.from_text(question.name, 60, "IN", "A",
+                                                        names[name]))
+            sock.sendto(reply.to_wire(), peer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
     try:
-        assert run(http, sid, command="cat /etc/resolv.conf")["stdout"].startswith(
-            "nameserver 10.0.2.3")
-        try:
-            host = {i[4][0] for i in socket.getaddrinfo("pypi.org", 443, socket.AF_INET)}
-        except OSError:
-            host = set()
-        got = run(http, sid, command="getent ahostsv4 pypi.org | awk '{print $1}' | sort -u",
-                  timeout_seconds=30)["stdout"].split()
-        assert set(got) == host, (got, host)
+        yield asked
     finally:
-        http.delete(f"/sandboxes/{sid}")
+        stop.set()
+        thread.join(5)
+        sock.close()
+
+
+# An embedded orchestrator on a data dir given in argv[1]; it stops when stdin closes.
+ORCHESTRATOR = """
+import sys
+from pathlib import Path
+from orchard.env.server import EmbeddedOrchestrator
+with EmbeddedOrchestrator(data_dir=Path(sys.argv[1]), reconcile_interval=0.5) as url:
+    print(url, flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def orchestrator_whose_resolver_is(resolv_conf: Path, session_data: Path) -> Iterator[str]:
+    """An orchestrator in a child process with a mount namespace of its own, where
+    ``resolv_conf`` is /etc/resolv.conf: for it, and the slirp4netns it starts, the host's
+    resolver is the one this file names. The host's own file is untouched."""
+    with short_data_dir(session_data) as short:
+        child = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount --bind "$1" /etc/resolv.conf && exec "$2" -c "$3" "$4"', "sh",
+             str(resolv_conf), sys.executable, ORCHESTRATOR, str(short)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            url = child.stdout.readline().strip()
+            assert url.startswith("http://"), "the orchestrator did not start; see its log above"
+            yield url
+        finally:
+            child.stdin.close()
+            child.wait(60)
+
+
+def test_dns_goes_through_the_sandboxs_own_forwarder(data_dir: Path, orchestrator: str,
+                                                     upstream: str, tmp_path: Path) -> None:
+    """The host's resolv.conf may name a private or loopback resolver, which the rules
+    refuse: the sandbox gets slirp4netns's forwarder, which asks the host's resolvers. The
+    host's resolver here is this test's (on the host's end of its veth), so no query leaves
+    the machine."""
+    del orchestrator, upstream  # the bundle it built; the address the resolver listens on
+    resolver, name = "198.18.7.1", "upstream.orchard.test"
+    resolv_conf = tmp_path / "resolv.conf"
+    resolv_conf.write_text(f"nameserver {resolver}\n")
+    with name_server(resolver, {name: PUBLIC}) as asked, \
+            orchestrator_whose_resolver_is(resolv_conf, data_dir) as url, \
+            httpx.Client(base_url=url, timeout=120) as api:
+        sid = create_ready(api, {"image": "host", "block_network": False})
+        assert run(api, sid, command="cat /etc/resolv.conf")["stdout"].startswith(
+            "nameserver 10.0.2.3")
+        got = run(api, sid, command=f"getent ahostsv4 {name} | awk '{{print $1}}' | sort -u",
+                  timeout_seconds=30)["stdout"].split()
+        assert got == [PUBLIC], (got, asked)
+        assert name in asked
+        assert run(api, sid, command="getent ahostsv4 pypi.org")["exit_code"] == 2
 
 
 @pytest.mark.parametrize("body, needle", [

@@ -111,9 +111,10 @@ def test_live_tasks_are_kept_apart_and_marked() -> None:
 @needs_root
 @needs_browser
 def test_a_live_task_whose_site_does_not_load_is_not_valid(client: SandboxClient) -> None:
-    # TEST-NET-1 is never routed, here or on a machine with internet: the page cannot load.
+    # The live task's sandbox is networked: a port on its own loopback, where nothing listens
+    # in a fresh sandbox, fails to load at once and sends no packet out of its namespace.
     task = load_web_tasks("web-live")[0].model_copy(update={
-        "start_url": "http://192.0.2.1/", "budget": WebBudget(action_timeout=3)})
+        "start_url": "http://127.0.0.1:8999/", "budget": WebBudget(action_timeout=3)})
     check = validate_web(client, task)
     assert not check.ok and check.gold is None, check
     assert any("live site did not load" in p and "internet" in p for p in check.problems)
