@@ -325,6 +325,20 @@ def test_only_inference_routes_are_forwarded(tmp_path: Path) -> None:
             b"GET /v1/models/org/name-1.5 HTTP/1.1"]
 
 
+def test_a_browser_page_cannot_call_the_proxy(tmp_path: Path) -> None:
+    """A cross-site page (or a DNS-rebinding one, which a browser also labels with its
+    Origin) cannot spend the model's tokens; clients without an Origin are unaffected."""
+    with raw_stack(tmp_path, lambda conn, _: conn.sendall(json_answer(b"{}")) or True) as (
+            upstream, proxy):
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(f"{proxy}/s/m/v1/chat/completions", json=chat,
+                       headers={"Origin": "http://evil.test"})
+        assert r.status_code == 403 and "allowed_origins" in r.text, r.text
+        assert upstream.requests == []
+        assert httpx.post(f"{proxy}/s/m/v1/chat/completions", json=chat).status_code == 200
+        assert len(upstream.requests) == 1
+
+
 def test_session_reads_are_off_without_an_admin_key(tmp_path: Path) -> None:
     proxy = ThreadedServer(create_proxy_app(ProxySettings(
         upstreams=["http://127.0.0.1:9"], store=tmp_path, admin_key=None)), "proxy")

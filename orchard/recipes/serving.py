@@ -60,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from orchard.http_guard import HostOriginGuard
 from orchard.recipes.batching import Batcher, Generation, Job
 from orchard.recipes.loss import pad_id_of
 from orchard.recipes.models import load_policy, served_weights
@@ -279,6 +280,8 @@ class PolicyEngine:
 def create_policy_app(engine: PolicyEngine, admin_key: str | None = None) -> FastAPI:
     """The server's routes; ``admin_key`` guards weight loading (None: no loading over HTTP)."""
     app = FastAPI(title="orchard policy")
+    # No browser page may call it: it spends the policy's compute, and pushes its weights.
+    app.add_middleware(HostOriginGuard, allowed_hosts=["*"], allowed_origins=[])
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, e: RequestError) -> JSONResponse:

@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from orchard.http_guard import HostOriginGuard
 from orchard.rollout.answers import assemble_stream, token_view
 from orchard.rollout.openai_wire import error_body
 from orchard.rollout.recorder import BadSession, SessionStore, check_session
@@ -81,6 +82,13 @@ class ProxySettings(BaseModel):
         None, description="A tokenizer (directory or Hugging Face name) whose chat template "
         "renders chat requests here, sent upstream as token-id prompts to /v1/completions "
         "(see orchard/rollout/render.py); for upstreams whose chat endpoint gives no token ids.")
+    allowed_hosts: list[str] = Field(
+        ["*"], description="Host names the proxy answers (see orchard/http_guard.py). Any by "
+        "default: sandboxes call it by whatever name reaches it, and what a rebinding page could "
+        "read (sessions) takes the admin key.")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="Browser origins whose pages may call the proxy; "
+        "none by default, so a page in a browser cannot spend the model's tokens.")
     admin_key: str | None = Field(
         default_factory=new_admin_key, description="Needed to read sessions (X-API-Key or "
         "Authorization: Bearer); random by default, so that only the code holding these "
@@ -186,6 +194,9 @@ def create_proxy_app(settings: ProxySettings) -> FastAPI:
     # The forwarding routes are the hot path: they are answered in front of FastAPI's routing,
     # request and response objects (measured: about half the proxy's time per call went there).
     app.add_middleware(_ForwardingRoutes, forwarder=_Forwarder(settings, upstreams, recorder))
+    # Outermost: a refused page's request reaches neither the upstream nor the log.
+    app.add_middleware(HostOriginGuard, allowed_hosts=settings.allowed_hosts,
+                       allowed_origins=settings.allowed_origins)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
