@@ -36,9 +36,11 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def orchestrator(data_dir: Path) -> Iterator[str]:
-    """Base URL of one orchestrator shared by the session (the bundle builds once)."""
-    with EmbeddedOrchestrator(data_dir=data_dir, reconcile_interval=0.5) as url:
+def orchestrator(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of one orchestrator shared by the session (the bundle builds once). Tests
+    make their images in pytest's temp dirs, so those may hold images."""
+    images = {"allowed_paths": [tmp_path_factory.getbasetemp()]}
+    with EmbeddedOrchestrator(data_dir=data_dir, reconcile_interval=0.5, images=images) as url:
         yield url
 
 

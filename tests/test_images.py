@@ -5,6 +5,7 @@ import hashlib
 import io
 import json
 import platform
+import stat
 import subprocess
 import sys
 import tarfile
@@ -15,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from orchard.env.backends.local import image_unpack
-from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
+from orchard.env.backends.local.images import (
+    ImageError,
+    ImageForbidden,
+    ImageStore,
+    ResolvedImage,
+)
+from orchard.env.config import Settings
 from tests.image_fixtures import (
     Layer,
     layer_tar,
@@ -34,8 +41,9 @@ def busybox(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ImageStore:
-    return ImageStore(tmp_path / "cache")
+def store(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> ImageStore:
+    # The tests make their images in pytest's temp dirs.
+    return ImageStore(tmp_path / "cache", allowed_paths=[tmp_path_factory.getbasetemp()])
 
 
 def _entry(name: str, **attrs: object) -> tarfile.TarInfo:
@@ -213,12 +221,13 @@ def test_concurrent_processes_unpack_once(store: ImageStore, busybox: Path, tmp_
         import sys
         from pathlib import Path
         from orchard.env.backends.local.images import ImageStore
-        print(ImageStore(Path(sys.argv[1])).resolve(sys.argv[2]).rootfs)
+        store = ImageStore(Path(sys.argv[1]), allowed_paths=[Path(sys.argv[3])])
+        print(store.resolve(sys.argv[2]).rootfs)
         """
     )
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", script, str(store.cache_dir), str(archive)],
+            [sys.executable, "-c", script, str(store.cache_dir), str(archive), str(tmp_path)],
             cwd=REPO,
             stdout=subprocess.PIPE,
             text=True,
@@ -287,7 +296,13 @@ def test_modes_hardlinks_and_devices(store: ImageStore, busybox: Path, tmp_path:
             (_entry("opt/ro", type=tarfile.DIRTYPE, mode=0o555), None),
             (_entry("opt/ro/file", mode=0o600), b"x"),
             (_entry("opt/tool2", type=tarfile.LNKTYPE, linkname="opt/tool"), None),
+            (_entry("opt/pipe", type=tarfile.FIFOTYPE, mode=0o640, mtime=1234), None),
             (_entry("dev/null", type=tarfile.CHRTYPE, devmajor=1, devminor=3), None),
+            # A directory a later entry replaces with a file: its mode is not applied
+            # to the file, and the unpack goes on.
+            (_entry("gone", type=tarfile.DIRTYPE, mode=0o700), None),
+            (_entry("gone/sub", type=tarfile.DIRTYPE, mode=0o777), None),
+            (_entry("gone", mode=0o644), b"file now"),
         ]
     )
     rootfs = store.resolve(str(make_oci_layout(busybox, tmp_path / "layout", [layer]))).rootfs
@@ -296,7 +311,12 @@ def test_modes_hardlinks_and_devices(store: ImageStore, busybox: Path, tmp_path:
     assert (rootfs / "opt/ro").stat().st_mode & 0o7777 == 0o555
     assert (rootfs / "opt/ro/file").stat().st_mode & 0o7777 == 0o600
     assert (rootfs / "opt/tool2").samefile(rootfs / "opt/tool")
+    pipe = (rootfs / "opt/pipe").stat()
+    assert stat.S_ISFIFO(pipe.st_mode) and pipe.st_mode & 0o7777 == 0o640
+    assert pipe.st_mtime == 1234
     assert not (rootfs / "dev/null").exists()
+    assert (rootfs / "gone").read_bytes() == b"file now"
+    assert (rootfs / "gone").stat().st_mode & 0o7777 == 0o644
 
 
 def test_layer_digest_mismatch(store: ImageStore, busybox: Path, tmp_path: Path) -> None:
@@ -349,12 +369,17 @@ def test_missing_blob(store: ImageStore, busybox: Path, tmp_path: Path) -> None:
     [
         ("relative/rootfs", "absolute path"),
         ("ubuntu:22.04", "absolute path"),
-        ("/nonexistent/image.tar", "does not exist"),
+        ("/nonexistent/image.tar", "outside the image directories"),
     ],
 )
 def test_bad_references(store: ImageStore, ref: str, match: str) -> None:
     with pytest.raises(ImageError, match=match):
         store.resolve(ref)
+
+
+def test_a_missing_image_in_an_image_directory(store: ImageStore, tmp_path: Path) -> None:
+    with pytest.raises(ImageError, match="does not exist"):
+        store.resolve(str(tmp_path / "no-such-image.tar"))
 
 
 def test_garbage_file(store: ImageStore, tmp_path: Path) -> None:
@@ -371,3 +396,58 @@ def test_tar_of_unknown_format(store: ImageStore, tmp_path: Path) -> None:
         tar.add(__file__, arcname="hello.py")
     with pytest.raises(ImageError, match="unknown image format"):
         store.resolve(str(archive))
+
+
+# --- where image paths may lie --------------------------------------------------------------
+
+
+def _tree(base: Path) -> dict[str, Path]:
+    """data/ and cache/ (the orchestrator's own, each with images/ inside), extra/ (allowed
+    by config), elsewhere/ (allowed by nothing); each holds a rootfs dir."""
+    dirs = {name: base / name for name in ("data", "extra", "elsewhere")}
+    dirs["images"] = dirs["data"] / "images"
+    dirs["cache"] = base / "cache" / "images"
+    for d in dirs.values():
+        (d / "rootfs" / "etc").mkdir(parents=True)
+    return dirs
+
+
+def test_image_paths_must_lie_in_an_image_dir(tmp_path: Path) -> None:
+    d = _tree(tmp_path)
+    private = [d["data"], d["cache"].parent]
+    store = ImageStore(d["cache"], d["images"], [d["extra"]], private=private)
+    for name in ("cache", "images", "extra"):
+        rootfs = d[name] / "rootfs"
+        assert store.resolve(str(rootfs)).rootfs == rootfs
+    with pytest.raises(ImageForbidden, match="outside the image directories") as err:
+        store.resolve(str(d["elsewhere"] / "rootfs"))
+    assert "images.allowed_paths" in str(err.value)
+    # No way around it by dots or symlinks; a link is judged, and used, by where it leads.
+    with pytest.raises(ImageForbidden, match="outside"):
+        store.resolve(f"{d['extra']}/../elsewhere/rootfs")
+    (d["extra"] / "out").symlink_to(d["elsewhere"] / "rootfs")
+    with pytest.raises(ImageForbidden, match=f"really {d['elsewhere']}/rootfs"):
+        store.resolve(str(d["extra"] / "out"))
+    (d["extra"] / "in").symlink_to(d["images"] / "rootfs")
+    assert store.resolve(str(d["extra"] / "in")).rootfs == d["images"] / "rootfs"
+    # The orchestrator's own files are no image, not even where a broader allowed dir holds
+    # them; the image dir inside is nearer, and so allowed.
+    broad = ImageStore(d["cache"], d["images"], [tmp_path], private=private)
+    with pytest.raises(ImageForbidden, match="orchestrator's own directory"):
+        broad.confine(str(d["data"] / "rootfs"))
+    assert broad.confine(str(d["images"] / "rootfs")) == d["images"] / "rootfs"
+    assert broad.confine(str(d["elsewhere"] / "rootfs")) == d["elsewhere"] / "rootfs"
+
+
+def test_an_allowed_path_inside_the_data_dir_is_refused_at_start(tmp_path: Path) -> None:
+    d = _tree(tmp_path)
+    with pytest.raises(ImageError, match=f"images.allowed_paths entry {d['data']}/x lies in"):
+        ImageStore(d["cache"], d["images"], [d["data"] / "x"], private=[d["data"]])
+
+
+def test_image_settings() -> None:
+    settings = Settings(data_dir=Path("/srv/orchard"), images={"allowed_paths": ["/srv/img"]})
+    assert settings.image_dir() == Path("/srv/orchard/images")
+    assert settings.images.allowed_paths == [Path("/srv/img")]
+    with pytest.raises(ValueError, match="rel/img is not an absolute path"):
+        Settings(images={"allowed_paths": ["rel/img"]})

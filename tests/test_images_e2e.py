@@ -53,6 +53,17 @@ def test_busybox_rootfs_without_libc(http: httpx.Client, busybox: Path) -> None:
         http.delete(f"/sandboxes/{sid}")
 
 
+def test_an_image_in_the_image_dir(http: httpx.Client, data_dir: Path) -> None:
+    """<data_dir>/images holds images with no setting. (The session's orchestrator also
+    allows pytest's temp dir, but not the data dir inside it: only its image dir there.)"""
+    rootfs = make_busybox_rootfs(data_dir / "images" / "busybox")
+    sid = create_ready(http, {"image": str(rootfs)})
+    try:
+        assert run(http, sid, command="cat /etc/group")["stdout"] == "root:x:0:\n"
+    finally:
+        http.delete(f"/sandboxes/{sid}")
+
+
 @pytest.mark.parametrize("kind", ["docker", "oci"])
 def test_archive_images(http: httpx.Client, busybox: Path, tmp_path: Path, kind: str) -> None:
     make = make_docker_archive if kind == "docker" else make_oci_archive

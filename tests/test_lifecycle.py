@@ -217,11 +217,11 @@ def test_heartbeat_timeout(reaper: tuple[httpx.Client, Path]) -> None:
             http.delete(f"/sandboxes/{sid}")
 
 
-def test_pending_timeout(reaper: tuple[httpx.Client, Path], busybox: Path,
-                         tmp_path: Path) -> None:
+def test_pending_timeout(reaper: tuple[httpx.Client, Path], busybox: Path) -> None:
     """An image that never finishes unpacking (its cache lock is held) is reaped as pending."""
     http, d = reaper
-    archive = make_docker_archive(busybox, tmp_path / "slow.tar", [{"etc/slow": b"1"}])
+    # In the orchestrator's image dir, where images may be by default.
+    archive = make_docker_archive(busybox, d / "images" / "slow.tar", [{"etc/slow": b"1"}])
     with image_sources.TarSource(archive) as source:
         algo, hexdigest = image_sources.read_plan(source).digest.split(":", 1)
     cache = d / "local" / "images"

@@ -16,6 +16,27 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("orchard"))
 
 
+class ImagesConfig(BaseModel):
+    """Where the local backend takes images from: the `images:` section of the config."""
+
+    dir: Path | None = Field(
+        None, description="Where to put rootfs dirs, OCI layouts and archives; always "
+        "allowed. Default <data_dir>/images (for an embedded orchestrator on a private data "
+        "dir, the default data dir's).")
+    allowed_paths: list[Path] = Field(
+        default_factory=list, description="More directories whose contents may be images "
+        "(after symlinks are resolved); never inside the data dir or cache dir.")
+
+    @field_validator("dir", "allowed_paths")
+    @classmethod
+    def _absolute(cls, value: Path | list[Path] | None) -> Path | list[Path] | None:
+        for path in value if isinstance(value, list) else [value]:
+            if path is not None and not path.is_absolute():
+                raise ValueError(f"{path} is not an absolute path; image directories are "
+                                 "paths on the orchestrator's machine, give them in full")
+        return value
+
+
 class Settings(BaseModel):
     data_dir: Path = Field(default_factory=default_data_dir)
     cache_dir: Path | None = Field(
@@ -26,6 +47,7 @@ class Settings(BaseModel):
         "(several replicas sharing state)")
     backend: str = Field("local", description="local or kubernetes")
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    images: ImagesConfig = Field(default_factory=ImagesConfig)
     api_keys: list[str] = Field(default_factory=list)
     allowed_hosts: list[str] | None = Field(
         None, description="Host names (the Host header, any port) the API answers: a name, an "
@@ -89,3 +111,6 @@ class Settings(BaseModel):
 
     def state_url(self) -> str:
         return self.state or f"sqlite:///{self.data_dir / 'state.db'}"
+
+    def image_dir(self) -> Path:
+        return self.images.dir or self.data_dir / "images"

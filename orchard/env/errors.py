@@ -18,6 +18,12 @@ class BadRequest(ServiceError):
     status = 400
 
 
+class Forbidden(ServiceError):
+    """Refused by the orchestrator's configuration (not by the API key: see auth.py)."""
+
+    status = 403
+
+
 class NotFound(ServiceError):
     status = 404
 

@@ -43,7 +43,10 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
         return LocalBackend(settings.data_dir / "local", die_with_orchestrator=embedded,
                             model_proxy=settings.model_proxy, cache_dir=settings.cache_dir,
                             egress_refresh=settings.egress_refresh,
-                            allow_io_uring=settings.allow_io_uring)
+                            allow_io_uring=settings.allow_io_uring,
+                            image_dir=settings.image_dir(),
+                            image_paths=settings.images.allowed_paths,
+                            private_dirs=[settings.data_dir])
     if settings.backend == "kubernetes":
         from orchard.env.backends.kubernetes import KubernetesBackend
 
@@ -149,8 +152,9 @@ class EmbeddedOrchestrator(ThreadedServer):
 
     It deletes every sandbox it made when stopped, so a notebook or a test needs no set-up
     and leaves nothing behind. Without a ``data_dir`` it makes a private one (removed when
-    it stops) that shares only the caches (agent bundle, unpacked images) with the default
-    data dir, so it never meets an ``orchard serve`` or another embedded orchestrator.
+    it stops) that shares only the caches (agent bundle, unpacked images) and the image dir
+    with the default data dir, so it never meets an ``orchard serve`` or another embedded
+    orchestrator.
     """
 
     def __init__(self, data_dir: Path | None = None, **settings: Any) -> None:
@@ -168,6 +172,9 @@ class EmbeddedOrchestrator(ThreadedServer):
             _remove_stale_private_dirs()
             self._private = settings["data_dir"] = private_data_dir()
         self.settings = Settings(**settings)
+        if self._private is not None and self.settings.images.dir is None:
+            # Like the caches, images come from the default data dir: a private one is empty.
+            self.settings.images.dir = default_data_dir() / "images"
         try:
             self.app = build_app(self.settings, delete_on_shutdown=True)
             return super().start(timeout)

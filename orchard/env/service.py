@@ -23,6 +23,7 @@ from orchard.env.backends.base import (
     BackendError,
     SandboxHandle,
     SandboxSpec,
+    SpecForbidden,
     SpecRejected,
 )
 from orchard.env.branching import Branching
@@ -30,6 +31,7 @@ from orchard.env.config import Settings
 from orchard.env.errors import (
     BadRequest,
     Conflict,
+    Forbidden,
     NotFound,
     Overloaded,
     WaitTimedOut,
@@ -192,6 +194,8 @@ class SandboxService(ExecJobs, Branching):
             cpu = parse_cpu(req.cpu) if req.cpu is not None else None
             memory = parse_memory(req.memory) if req.memory is not None else None
             disk = parse_memory(req.disk) if req.disk is not None else None
+        except SpecForbidden as e:
+            raise Forbidden(str(e)) from None
         except ValueError as e:
             raise BadRequest(str(e)) from None
         if cpu is not None and cpu <= 0 or memory is not None and memory < 4 << 20:

@@ -5,7 +5,9 @@ from orchard.env.backends.base import (
     BackendError,
     SandboxHandle,
     SandboxSpec,
+    SpecForbidden,
     SpecRejected,
 )
 
-__all__ = ["Backend", "BackendError", "SandboxHandle", "SandboxSpec", "SpecRejected"]
+__all__ = ["Backend", "BackendError", "SandboxHandle", "SandboxSpec", "SpecForbidden",
+           "SpecRejected"]

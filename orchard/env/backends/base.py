@@ -55,6 +55,11 @@ class SpecRejected(ValueError):
     """The backend cannot run this spec (e.g. an image it cannot resolve); says what to change."""
 
 
+class SpecForbidden(SpecRejected):
+    """The backend could run this spec but its configuration forbids it (e.g. an image path
+    outside the image directories); says which setting allows it."""
+
+
 def agent_token(secret: bytes, sandbox_id: str) -> str:
     """Per-sandbox and derivable from the backend's secret, so nothing is stored, and a
     sandbox that reads its own token can reach no other sandbox's agent."""

@@ -34,7 +34,8 @@ class InvalidRequest(APIError):
 
 
 class AuthenticationError(APIError):
-    """401 (no API key) or 403 (a key the server does not accept)."""
+    """401 (no API key) or 403 (a key the server does not accept, or a request its settings
+    forbid, such as an image path outside its image directories)."""
 
 
 class NotFoundError(APIError):

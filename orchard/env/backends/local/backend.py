@@ -30,6 +30,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,12 +41,13 @@ from orchard.env.backends.base import (
     SandboxHandle,
     SandboxSpec,
     SnapshotMade,
+    SpecForbidden,
     SpecRejected,
     agent_token,
 )
 from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
-from orchard.env.backends.local.images import ImageError, ImageStore
+from orchard.env.backends.local.images import ImageError, ImageForbidden, ImageStore
 from orchard.env.backends.local.launch import CTL_MOUNT, LAUNCH_VIEW, USER_PATH, Launcher
 from orchard.env.backends.local.relay import MARKER, MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
@@ -64,7 +66,10 @@ class LocalBackend:
     def __init__(self, data_dir: Path, ready_timeout: float = 30.0,
                  die_with_orchestrator: bool = False, model_proxy: str | None = None,
                  cache_dir: Path | None = None, egress_refresh: float = 30.0,
-                 allow_io_uring: bool = False) -> None:
+                 allow_io_uring: bool = False, image_dir: Path | None = None,
+                 image_paths: Sequence[Path] = (), private_dirs: Sequence[Path] = ()) -> None:
+        """``image_dir`` and ``image_paths`` are where image paths may lie besides the
+        unpacked-image cache; never in ``data_dir``, the cache dir or ``private_dirs``."""
         if os.geteuid() != 0:
             raise BackendError(
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
@@ -100,7 +105,10 @@ class LocalBackend:
         cache = cache_dir or data_dir
         (cache / "images").mkdir(mode=0o700, parents=True, exist_ok=True)
         (cache / "images").chmod(0o700)
-        self.images = ImageStore(cache / "images")
+        if image_dir is not None:
+            image_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.images = ImageStore(cache / "images", image_dir, image_paths,
+                                 private=(data_dir, cache, *private_dirs))
         # Built on the first browser action (see prepare_browser), seen live by every sandbox.
         browser = cache / "browser"
         browser.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -152,11 +160,14 @@ class LocalBackend:
         if spec.model_proxy and spec.session is None:
             raise SpecRejected("model_proxy needs a session: the relay carries that session's "
                                "model calls and no other's")
-        if spec.image != "host" and not spec.image.startswith("/"):
-            raise SpecRejected(
-                f"image {spec.image!r} must be 'host' or an absolute path to a rootfs "
-                "directory, an OCI layout or an image archive on the server (registry images "
-                "need the kubernetes backend)")
+        if spec.image == "host":
+            return
+        try:
+            self.images.confine(spec.image)
+        except ImageForbidden as e:
+            raise SpecForbidden(str(e)) from None
+        except ImageError as e:
+            raise SpecRejected(str(e)) from None
 
     # --- create -------------------------------------------------------------------------
 

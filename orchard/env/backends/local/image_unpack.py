@@ -3,6 +3,7 @@ that escapes the root (absolute paths, .., symlinked parents, devices)."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
@@ -31,6 +32,8 @@ _OPAQUE = ".wh..wh..opq"
 # Same bound as the kernel's MAXSYMLINKS; stops symlink loops planted by a layer.
 _MAX_SYMLINK_HOPS = 40
 _COPY_CHUNK = 1 << 20
+# O_NOFOLLOW: a symlink where a directory was is refused (ELOOP), not followed.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def unpack(source: Source, plan: Plan, entry: Path, rootfs: Path) -> None:
@@ -164,14 +167,14 @@ def _make_opaque(root: Path, directory: Path, written: set[str]) -> None:
 
 def _extract(tar: tarfile.TarFile, root: Path, label: str) -> None:
     written: set[str] = set()  # root-relative paths this layer created (and their parents)
-    dirs: list[tuple[Path, tarfile.TarInfo]] = []
+    dirs: list[tuple[tuple[str, ...], tarfile.TarInfo]] = []
     chown = os.geteuid() == 0
     for member in tar:
         try:
             parts = _member_parts(member.name, label)
             if not parts:
                 if member.isdir():
-                    dirs.append((root, member))
+                    dirs.append(((), member))
                 continue
             parent = _resolve(root, parts[:-1], label)
             base = parts[-1]
@@ -193,15 +196,45 @@ def _extract(tar: tarfile.TarFile, root: Path, label: str) -> None:
             rel = target.relative_to(root)
             written.update(str(p) for p in (rel, *rel.parents) if str(p) != ".")
             if member.isdir():
-                dirs.append((target, member))
+                dirs.append((rel.parts, member))
         except OSError as e:
             raise ImageError(f"{label}: cannot extract {member.name!r} ({e})") from e
     # Directory modes and mtimes go last: a read-only or timestamped dir must still accept
-    # its children first.
-    for path, member in reversed(dirs):
-        if path.is_dir() and not path.is_symlink():
-            os.chmod(path, member.mode & 0o7777)
-            os.utime(path, (member.mtime, member.mtime))
+    # its children first. A later entry may have replaced a directory on the way with a
+    # symlink (even to the host's /), so each is reached through fds, never followed.
+    root_fd = os.open(root, _DIR_FLAGS)
+    try:
+        for rel_parts, member in reversed(dirs):
+            try:
+                fd = _open_beneath(root_fd, rel_parts)
+                if fd is None:
+                    continue
+                try:
+                    os.fchmod(fd, member.mode & 0o7777)
+                    os.utime(fd, (member.mtime, member.mtime))
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise ImageError(f"{label}: cannot set the mode of {member.name!r} ({e})") from e
+    finally:
+        os.close(root_fd)
+
+
+def _open_beneath(root_fd: int, parts: tuple[str, ...]) -> int | None:
+    """An fd of the directory at ``parts`` below ``root_fd``, opened one component at a time
+    without following symlinks; None if some component is no longer a directory."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+    return fd
 
 
 def _place(
@@ -242,7 +275,14 @@ def _place(
         os.link(source, target, follow_symlinks=False)
         return True
     elif member.isfifo():
-        os.mkfifo(target)
+        os.mkfifo(target, 0o600)
+        # Non-blocking: opening a FIFO to read waits for a writer otherwise.
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            _set_meta(fd, member, chown)
+        finally:
+            os.close(fd)
+        return True
     else:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(target, flags, 0o600)
@@ -250,12 +290,20 @@ def _place(
             data = tar.extractfile(member)
             if data is not None:
                 shutil.copyfileobj(data, out, _COPY_CHUNK)
+            out.flush()
+            _set_meta(fd, member, chown)
+        return True
     if chown:
         os.lchown(target, member.uid, member.gid)
     if member.issym():
         os.utime(target, (member.mtime, member.mtime), follow_symlinks=False)
-    elif not member.isdir():  # directories are finished once the whole layer is in
-        # chmod after chown, since chown clears setuid/setgid bits.
-        os.chmod(target, member.mode & 0o7777)
-        os.utime(target, (member.mtime, member.mtime))
-    return True
+    return True  # a directory gets its mode and mtime once the whole layer is in
+
+
+def _set_meta(fd: int, member: tarfile.TarInfo, chown: bool) -> None:
+    """Owner, mode and mtime through the fd the entry was made with, not by its path."""
+    if chown:
+        os.fchown(fd, member.uid, member.gid)
+    # chmod after chown, since chown clears setuid/setgid bits.
+    os.fchmod(fd, member.mode & 0o7777)
+    os.utime(fd, (member.mtime, member.mtime))
