@@ -8,6 +8,11 @@ from pathlib import Path
 import platformdirs
 from pydantic import BaseModel, Field, field_validator
 
+from orchard.env.agent.client import (
+    DEFAULT_MAX_DOWNLOAD_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    AgentLimits,
+)
 from orchard.env.backends.kubernetes.config import KubernetesConfig
 from orchard.http_guard import LOOPBACK_HOSTS, host_patterns, origin_patterns
 
@@ -92,6 +97,16 @@ class Settings(BaseModel):
         "by default: its work runs outside the filter's view).")
     max_json_body: int = Field(64 << 20, description="Largest JSON request body, bytes.")
     max_upload_bytes: int = Field(8 << 30, description="Largest raw upload, bytes.")
+    # What an agent sends is read against these, never against the sizes it declares: it runs
+    # in the sandbox, so a broken or compromised one could send without end.
+    agent_max_response_bytes: int = Field(
+        DEFAULT_MAX_RESPONSE_BYTES, ge=4096, description="Largest answer read from a sandbox's "
+        "agent (its JSON, an error's message), bytes; an exec's may be up to twelve times its "
+        "max_output_bytes when that is more. Over it the call fails with 502.")
+    max_download_bytes: int = Field(
+        DEFAULT_MAX_DOWNLOAD_BYTES, ge=0, description="Largest file streamed out of a sandbox "
+        "(and, beyond its max_bytes, a Kubernetes snapshot archive), bytes: 413 up front when "
+        "the agent gives the size, else the transfer is cut there.")
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -114,3 +129,7 @@ class Settings(BaseModel):
 
     def image_dir(self) -> Path:
         return self.images.dir or self.data_dir / "images"
+
+    def agent_limits(self) -> AgentLimits:
+        return AgentLimits(max_response_bytes=self.agent_max_response_bytes,
+                           max_download_bytes=self.max_download_bytes)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchard.env.agent.client import AgentError, AgentUnreachable
+from orchard.env.agent.client import AgentError, AgentTooLarge, AgentUnreachable
 
 
 class ServiceError(Exception):
@@ -47,6 +47,13 @@ class Overloaded(ServiceError):
         super().__init__(detail, {"Retry-After": str(max(1, round(retry_after)))})
 
 
+class BadAgentAnswer(ServiceError):
+    """The sandbox's agent sent an answer over agent_max_response_bytes, or a head no genuine
+    agent sends."""
+
+    status = 502
+
+
 class AgentTimedOut(ServiceError):
     status = 504
 
@@ -61,6 +68,8 @@ def from_agent(e: AgentError, sid: str) -> ServiceError:
     The agent's own status is kept where it means the same to our clients (a 503 at the pids
     limit stays a retryable 503); anything else it refuses is the request's fault (400).
     """
+    if isinstance(e, AgentTooLarge):
+        return TooLarge(e.detail) if e.status == 413 else BadAgentAnswer(e.detail)
     if isinstance(e, AgentUnreachable):
         return Conflict(f"sandbox {sid} is not reachable ({e.detail}); it may have crashed: "
                         f"check GET /sandboxes/{sid} and recreate it")

@@ -13,9 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import httpx
-
-from orchard.env.agent.client import AgentError, PtyChannel
+from orchard.env.agent.client import AgentError, AgentResponse, AgentTooLarge, PtyChannel
 from orchard.env.browser_schema import BrowserAction
 from orchard.env.errors import TooLarge, from_agent
 from orchard.env.http_schema import ServiceRequest
@@ -68,17 +66,24 @@ class SandboxOps:
                                   lambda agent: agent.put_file(path, data, mode),
                                   lambda r: {"path": path, "mode": mode, **describe(r)})
 
-    async def open_file(self, sid: str, path: str, max_size: int | None = None
-                        ) -> httpx.Response:
-        """The agent's streaming answer for a file, the caller's to close; TooLarge when it is
-        over ``max_size``."""
-        r = await self._call(sid, (await self.service.agent(sid)).open_file(path))
-        size = int(r.headers.get("content-length", 0))
-        if max_size is not None and size > max_size:
-            await r.aclose()
-            raise TooLarge(f"{path} is {size} bytes, too big for base64 JSON; download it "
-                           f"with GET /sandboxes/{sid}/files/raw?path=...")
-        return r
+    async def open_file(self, sid: str, path: str) -> AgentResponse:
+        """The agent's streaming answer for a file, the caller's to close: TooLarge up front
+        when it says the file is over max_download_bytes; if it does not say, reading the body
+        raises AgentTooLarge at that limit."""
+        return await self._call(sid, (await self.service.agent(sid)).open_file(path))
+
+    async def read_file(self, sid: str, path: str, max_size: int) -> bytes:
+        """A whole file, for base64 JSON: TooLarge when it is over ``max_size``
+        (max_json_body)."""
+        agent = await self.service.agent(sid)
+        try:
+            r = await agent.open_file(path, max_size, setting="max_json_body")
+            return await r.aread()
+        except AgentTooLarge as e:
+            raise TooLarge(f"{e.detail}; or download it with GET /sandboxes/{sid}/files/raw"
+                           "?path=..., which streams it") from None
+        except AgentError as e:
+            raise from_agent(e, sid) from None
 
     async def list_files(self, sid: str, path: str) -> dict[str, Any]:
         return await self._call(sid, (await self.service.agent(sid)).list_files(path))

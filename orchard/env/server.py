@@ -50,7 +50,8 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
     if settings.backend == "kubernetes":
         from orchard.env.backends.kubernetes import KubernetesBackend
 
-        return KubernetesBackend(settings.kubernetes, model_proxy=settings.model_proxy)
+        return KubernetesBackend(settings.kubernetes, model_proxy=settings.model_proxy,
+                                 agent_limits=settings.agent_limits())
     raise ValueError(f"unknown backend {settings.backend!r}; choose local or kubernetes")
 
 

@@ -452,7 +452,7 @@ class SandboxService(ExecJobs, Branching):
 
     def _agent_client(self, handle: SandboxHandle) -> AgentClient:
         return AgentClient(handle.address, token=handle.token,
-                           timeout=self.settings.agent_timeout)
+                           timeout=self.settings.agent_timeout, **self.settings.agent_limits())
 
     async def agent(self, sid: str) -> AgentClient:
         return (await self.running(sid))[1]

@@ -7,8 +7,12 @@ run twice. Errors come back as ``AgentError`` with the agent's own message.
 
 Every wait has a deadline, so an agent that accepts a connection and never answers (stopped,
 deadlocked, starved) gives ``AgentTimeout`` instead of a hang: a fixed one (``timeout``) for
-most calls, the command's own timeout plus that for an exec. Streamed bodies (uploads,
-downloads) are bounded per chunk, not in total, so big files still go through.
+most calls, the command's own timeout plus that for an exec.
+
+Nothing the agent sends is read past a limit of ours (see ``wire.py``): a response head, a
+JSON answer (``max_response_bytes``; an exec's may be bigger, see ``_exec_cap``), a streamed
+file or archive (``max_download_bytes``), a line of a streamed exec, a PTY frame. Over one, the
+connection is closed, never pooled, and the caller gets ``AgentTooLarge`` naming the setting.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import re
 import struct
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 from urllib.parse import quote, urlencode
 
 from orchard.env.agent.server.protocol import (
@@ -45,99 +51,48 @@ from orchard.env.agent.server.protocol import (
     ServiceResponse,
     Signalled,
 )
+from orchard.env.agent.wire import (
+    CHUNK,
+    AgentError,
+    AgentResponse,
+    AgentTimeout,
+    AgentTooLarge,
+    AgentUnreachable,
+    Cap,
+    Stream,
+    read_headers,
+    within_deadline,
+)
+
+__all__ = ["AgentClient", "AgentError", "AgentLimits", "AgentResponse", "AgentTimeout",
+           "AgentTooLarge", "AgentUnreachable", "PtyChannel"]
 
 _PTY_FRAME = struct.Struct(">BI")
-_CHUNK = 1 << 16
 _MAX_IDLE = 8
 _FILE_BLOCK = 1 << 20  # archives move to and from disk in blocks this big, off the event loop
+_MAX_PTY_FRAME = 1 << 20  # the agent sends PTY output in frames of 64 KiB at most
+_EXIT_CODE = re.compile(rb"-?[0-9]{1,10}")
+# An exec's answer holds up to max_output_bytes of each of its two streams, and JSON may write
+# a byte as six (a control character is \u00XX); the agent keeps 10 MiB when not told.
+_JSON_BYTES_PER_BYTE = 6
+_AGENT_OUTPUT_DEFAULT = 10 << 20
+DEFAULT_MAX_RESPONSE_BYTES = 128 << 20
+DEFAULT_MAX_DOWNLOAD_BYTES = 8 << 30
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 
-class AgentError(Exception):
-    """The agent answered with an error (``status`` is its HTTP status)."""
+class AgentLimits(TypedDict):
+    """The byte limits of an ``AgentClient`` (the orchestrator's settings of the same name)."""
 
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-
-
-class AgentTimeout(AgentError):
-    """The agent accepted the request but did not answer in time (a 504 to our clients)."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(504, detail)
-
-
-class AgentUnreachable(AgentError):
-    """The agent could not be reached: the sandbox is dead or still starting."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(502, detail)
-
-
-_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-class AgentResponse:
-    """A response whose body is read on demand; the connection returns to the pool (or is
-    closed) once the body has been read to its end."""
-
-    def __init__(self, client: AgentClient, conn: _Stream, status: int,
-                 headers: dict[str, str], idle: float | None) -> None:
-        self._client, self._conn = client, conn
-        self.status_code, self.headers = status, headers
-        self._idle = idle  # the longest wait for the next piece of the body
-        self._done = False
-
-    async def _within(self, coro: Awaitable[_T]) -> _T:
-        return await _within(coro, self._idle, self._client.address)
-
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
-        reader = self._conn[0]
-        try:
-            if self.headers.get("transfer-encoding", "").lower() == "chunked":
-                while size := int((await self._within(reader.readline())).split(b";")[0], 16):
-                    yield await self._within(reader.readexactly(size))
-                    await self._within(reader.readline())
-                await self._within(reader.readline())
-            else:
-                remaining = int(self.headers.get("content-length", "0"))
-                while remaining:
-                    data = await self._within(reader.read(min(remaining, _CHUNK)))
-                    if not data:
-                        raise asyncio.IncompleteReadError(b"", remaining)
-                    remaining -= len(data)
-                    yield data
-            self._done = True
-        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-            raise AgentUnreachable(f"agent at {self._client.address} hung up: {e!r}") from None
-        finally:  # a body not read to its end leaves the connection unusable: close it
-            await self.aclose()
-
-    async def aread(self) -> bytes:
-        return b"".join([chunk async for chunk in self.aiter_raw()])
-
-    async def aiter_lines(self) -> AsyncIterator[bytes]:
-        pending = b""
-        async for chunk in self.aiter_raw():
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                yield line
-        if pending:
-            yield pending
-
-    async def aclose(self) -> None:
-        if self._conn is None:
-            return
-        conn, self._conn = self._conn, None
-        keep = self._done and self.headers.get("connection", "").lower() != "close"
-        self._client._release(conn, keep)
+    max_response_bytes: int
+    max_download_bytes: int
 
 
 class AgentClient:
-    def __init__(self, address: str, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, address: str, token: str | None = None, timeout: float = 30.0,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES) -> None:
         kind, _, rest = address.partition(":")
         if kind not in ("unix", "tcp"):
             raise ValueError(f"agent address must be unix:PATH or tcp:HOST:PORT, got {address!r}")
@@ -145,22 +100,29 @@ class AgentClient:
         self._kind, self._target = kind, rest
         self._token = token
         self.timeout = timeout
-        self._idle: list[_Stream] = []
+        self.max_response_bytes = max_response_bytes
+        self.max_download_bytes = max_download_bytes
+        # The cap of a JSON answer, and of an error's body.
+        self._answer = Cap(max_response_bytes, "the answer", "agent_max_response_bytes", 502,
+                           "ask for less (e.g. list a smaller directory) or raise "
+                           "agent_max_response_bytes; an answer that should be small means the "
+                           "sandbox's agent is broken or not genuine: delete and recreate it")
+        self._idle: list[Stream] = []
 
     async def close(self) -> None:
         while self._idle:
             self._idle.pop()[1].close()
 
-    async def _connect(self) -> _Stream:
+    async def _connect(self) -> Stream:
         try:
             if self._kind == "unix":
-                return await asyncio.open_unix_connection(self._target, limit=_CHUNK)
+                return await asyncio.open_unix_connection(self._target, limit=CHUNK)
             host, _, port = self._target.rpartition(":")
-            return await asyncio.open_connection(host.strip("[]"), int(port), limit=_CHUNK)
+            return await asyncio.open_connection(host.strip("[]"), int(port), limit=CHUNK)
         except OSError as e:
             raise AgentUnreachable(f"agent at {self.address} unreachable: {e!r}") from None
 
-    def _release(self, conn: _Stream, keep: bool) -> None:
+    def _release(self, conn: Stream, keep: bool) -> None:
         if keep and len(self._idle) < _MAX_IDLE and not conn[1].is_closing():
             self._idle.append(conn)
         else:
@@ -169,17 +131,18 @@ class AgentClient:
     async def request(self, method: str, path: str,
                       params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
                       json_body: Any = None, content: bytes | AsyncIterator[bytes] | None = None,
-                      extra_headers: str = "", deadline: float | None | EllipsisType = ...
-                      ) -> AgentResponse:
+                      extra_headers: str = "", deadline: float | None | EllipsisType = ...,
+                      cap: Cap | None = None) -> AgentResponse:
         """Send a request and read the response head; the caller reads (or closes) the body.
 
         ``deadline`` bounds each wait for the agent (``None``: no bound); the default is
-        this client's ``timeout``.
+        this client's ``timeout``. ``cap`` bounds the body (default: a JSON answer's).
         """
         limit = self.timeout if isinstance(deadline, EllipsisType) else deadline
+        cap = cap or self._answer
 
         async def within(coro: Awaitable[_T]) -> _T:
-            return await _within(coro, limit, self.address)
+            return await within_deadline(coro, limit, self.address)
 
         target = f"{path}?{urlencode(params)}" if params else path
         head = f"{method} {target} HTTP/1.1\r\nHost: agent\r\n{extra_headers}"
@@ -205,7 +168,7 @@ class AgentClient:
                     await within(writer.drain())
                     status = await within(self._interim_status(reader))
                     if status != 100:  # refused up front: that was the final answer
-                        return await within(self._finish_head(conn, status, limit))
+                        return await within(self._finish_head(conn, status, limit, cap))
                     async for chunk in content:
                         if chunk:
                             writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
@@ -215,7 +178,7 @@ class AgentClient:
             except ConnectionError:
                 pass  # the agent may have refused the request early: its answer is readable
             status = await within(self._interim_status(reader))
-            return await within(self._finish_head(conn, status, limit))
+            return await within(self._finish_head(conn, status, limit, cap))
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 ValueError, IndexError) as e:
             writer.close()
@@ -232,13 +195,12 @@ class AgentClient:
             await reader.readuntil(b"\r\n")
         return status
 
-    async def _finish_head(self, conn: _Stream, status: int,
-                           idle: float | None) -> AgentResponse:
-        headers: dict[str, str] = {}
-        while (line := await conn[0].readuntil(b"\r\n")) != b"\r\n":
-            key, _, value = line.decode("latin-1").partition(":")
-            headers[key.strip().lower()] = value.strip()
-        return AgentResponse(self, conn, status, headers, idle)
+    async def _finish_head(self, conn: Stream, status: int, idle: float | None,
+                           cap: Cap) -> AgentResponse:
+        headers = await read_headers(conn[0], self.address)
+        # An error's body is its message: never more than a JSON answer's.
+        return AgentResponse(self.address, conn, self._release, status, headers, idle,
+                             self._answer if status >= 400 else cap)
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
         r = await self.request(method, path, **kw)
@@ -254,19 +216,29 @@ class AgentClient:
         """The agent answers an exec when the command ends, by its timeout at the latest."""
         return None if not req.get("timeout") else float(req["timeout"]) + self.timeout
 
+    def _exec_cap(self, req: ExecRequest) -> int:
+        """The most an exec's answer may be: what the caller let the command print, both
+        streams escaped at worst, when that is more than ``max_response_bytes``."""
+        output = int(req.get("max_output_bytes", _AGENT_OUTPUT_DEFAULT))
+        return max(self.max_response_bytes, 2 * _JSON_BYTES_PER_BYTE * output + CHUNK)
+
     async def exec(self, req: ExecRequest, fence: int | None = None) -> ExecResult:
         """Run a command; fence is an exclusive-exec lock's token, which the agent checks."""
         return await self._call("POST", "/exec", json_body=req, extra_headers=_fence(fence),
-                                deadline=self._exec_deadline(req))
+                                deadline=self._exec_deadline(req),
+                                cap=self._answer._replace(limit=self._exec_cap(req)))
 
     async def exec_stream(self, req: ExecRequest,
                           fence: int | None = None) -> AsyncIterator[ExecEvent]:
+        """The exec's events as the agent sends them: no end to the stream is known, but
+        each line (the last holds the whole result) is bounded like an exec's answer."""
         r = await self.request("POST", "/exec", json_body={**req, "stream": True},
-                               extra_headers=_fence(fence), deadline=self._exec_deadline(req))
+                               extra_headers=_fence(fence), deadline=self._exec_deadline(req),
+                               cap=self._answer._replace(limit=None))
         if r.status_code >= 400:
             raise AgentError(r.status_code, _detail(await r.aread()))
         try:
-            async for line in r.aiter_lines():
+            async for line in r.aiter_lines(self._exec_cap(req)):
                 if line:
                     yield json.loads(line)
         finally:
@@ -293,9 +265,19 @@ class AgentClient:
             params["mode"] = mode
         return await self._call("PUT", "/files", params=params, content=body)
 
-    async def open_file(self, path: str) -> AgentResponse:
-        """A streaming response for the file; the caller must ``aclose()`` it."""
-        r = await self.request("GET", "/files", params={"path": path})
+    async def open_file(self, path: str, max_bytes: int | None = None,
+                        setting: str = "max_download_bytes") -> AgentResponse:
+        """A streaming response for the file; the caller must ``aclose()`` it.
+
+        A file over ``max_bytes`` (default: ``max_download_bytes``; ``setting`` names it in
+        the error) is AgentTooLarge (413): here, when the agent declares its size, else
+        while the body is read (the transfer is cut there).
+        """
+        limit = self.max_download_bytes if max_bytes is None else max_bytes
+        r = await self.request("GET", "/files", params={"path": path},
+                               cap=Cap(limit, f"file {path}", setting, 413,
+                                       "split it in the sandbox (e.g. split -b) and fetch the "
+                                       f"parts, or raise {setting}"))
         if r.status_code >= 400:
             raise AgentError(r.status_code, _detail(await r.aread()))
         return r
@@ -321,14 +303,20 @@ class AgentClient:
         ``timeout`` bounds each wait, the first included: with max_bytes the agent walks the
         trees before it answers. A 413 (over max_bytes) comes as AgentError before dest is
         created; a stream cut short raises AgentUnreachable and leaves dest partial, for the
-        caller to remove.
+        caller to remove. The stream may be ``max_download_bytes`` bigger than max_bytes (tar
+        headers and padding, which max_bytes does not count); past that it is cut with
+        AgentTooLarge (413), leaving dest partial too.
         """
         params: list[tuple[str, Any]] = [("path", p) for p in paths]
         if max_bytes is not None:
             params.append(("max_bytes", max_bytes))
         if freeze:
             params.append(("freeze", "1"))
-        r = await self.request("GET", "/archive", params=params, deadline=timeout)
+        cap = Cap((max_bytes or 0) + self.max_download_bytes,
+                  f"the archive of {', '.join(paths)}",
+                  "max_download_bytes, beyond the archive's max_bytes", 413,
+                  "keep less in the archived paths, or raise max_download_bytes")
+        r = await self.request("GET", "/archive", params=params, deadline=timeout, cap=cap)
         if r.status_code >= 400:
             raise AgentError(r.status_code, _detail(await r.aread()))
         size = 0
@@ -416,11 +404,20 @@ class PtyChannel:
         await self._writer.drain()
 
     async def recv(self) -> tuple[str, bytes]:
-        """("data", bytes) or ("exit", b"<code>"); ("closed", b"") when the agent hung up."""
+        """("data", bytes) or ("exit", b"<code>"); ("closed", b"") when the agent hung up,
+        or sent a frame no genuine agent sends (then the channel is closed too)."""
         try:
             kind, n = _PTY_FRAME.unpack(await self._reader.readexactly(_PTY_FRAME.size))
+            if n > _MAX_PTY_FRAME:
+                log.warning("the agent sent a PTY frame of %d bytes, over the limit of %d: "
+                            "closing the terminal", n, _MAX_PTY_FRAME)
+                await self.close()
+                return "closed", b""
             payload = await self._reader.readexactly(n)
         except (asyncio.IncompleteReadError, ConnectionError):
+            return "closed", b""
+        if kind != 0 and not _EXIT_CODE.fullmatch(payload):
+            await self.close()  # an exit frame carries the exit code
             return "closed", b""
         return ("data" if kind == 0 else "exit"), payload
 
@@ -428,20 +425,6 @@ class PtyChannel:
         self._writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
-
-
-async def _within(coro: Awaitable[_T], seconds: float | None, address: str) -> _T:
-    if seconds is None:
-        return await coro
-    try:
-        # asyncio.timeout arms one timer; wait_for would wrap each wait in a task of its own.
-        async with asyncio.timeout(seconds):
-            return await coro
-    except TimeoutError:
-        raise AgentTimeout(
-            f"the agent at {address} accepted the request but did not answer within "
-            f"{seconds:g}s; the sandbox may be hung or overloaded: retry, or delete and "
-            "recreate it") from None
 
 
 def _fence(token: int | None) -> str:

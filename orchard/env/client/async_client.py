@@ -47,7 +47,7 @@ from orchard.env.client.calls import (
     pty_refused,
     pty_resize_message,
 )
-from orchard.env.client.http_errors import wire_errors
+from orchard.env.client.http_errors import download_errors, wire_errors
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
 
 T = TypeVar("T")
@@ -406,7 +406,7 @@ class AsyncSandbox(SandboxBase):
     async def download_content(self, path: str) -> bytes:
         response = await self._client._send(API.download_raw(self.id, path))
         async with contextlib.aclosing(response):
-            with wire_errors(f"downloading {path} from sandbox {self.id}"):
+            with download_errors(self.id, path):
                 return await response.aread()
 
     async def download_file(self, path: str, local_path: str | os.PathLike[str]) -> int:
@@ -417,7 +417,7 @@ class AsyncSandbox(SandboxBase):
         size = 0
         try:
             async with contextlib.aclosing(response), await partial.open("wb") as out:
-                with wire_errors(f"downloading {path}"):
+                with download_errors(self.id, path):
                     async for chunk in response.aiter_bytes(CHUNK_SIZE):
                         await out.write(chunk)
                         size += len(chunk)

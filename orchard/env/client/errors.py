@@ -20,6 +20,12 @@ class ConnectError(TransportError):
     """No connection could be made: the server is down, unreachable or refusing."""
 
 
+class IncompleteDownload(TransportError):
+    """A download broke off before its end: the server cut it (a file that ran past its
+    ``max_download_bytes``, or a sandbox agent that failed mid-transfer) or the connection
+    dropped. Nothing of it is kept."""
+
+
 class APIError(OrchardError):
     """The server answered with an error status; ``detail`` is its explanation."""
 
@@ -83,6 +89,7 @@ __all__ = [
     "AuthenticationError",
     "ConflictError",
     "ConnectError",
+    "IncompleteDownload",
     "InvalidRequest",
     "NotFoundError",
     "OrchardError",

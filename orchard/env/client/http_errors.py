@@ -91,6 +91,20 @@ def transport_error(exc: httpx.TransportError, what: str) -> errors.TransportErr
 
 
 @contextmanager
+def download_errors(sandbox_id: str, path: str) -> Iterator[None]:
+    """A download whose body breaks off is an IncompleteDownload, never a short file."""
+    try:
+        yield
+    except httpx.TransportError as exc:
+        raise errors.IncompleteDownload(
+            f"the download of {path} from sandbox {sandbox_id} broke off before its end "
+            f"({str(exc) or type(exc).__name__}): the server cut it (a file that ran past its "
+            "max_download_bytes, or a sandbox agent that failed mid-transfer: the server's log "
+            "says which) or the connection dropped; nothing was kept"
+        ) from exc
+
+
+@contextmanager
 def wire_errors(what: str) -> Iterator[None]:
     """Maps httpx's errors while a streamed body is read, after ``send`` has returned."""
     try:

@@ -48,7 +48,7 @@ from orchard.env.client.calls import (
     pty_refused,
     pty_resize_message,
 )
-from orchard.env.client.http_errors import wire_errors
+from orchard.env.client.http_errors import download_errors, wire_errors
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
 
 T = TypeVar("T")
@@ -401,7 +401,7 @@ class Sandbox(SandboxBase):
         response = self._client._send(API.download_raw(self.id, path))
         with (
             contextlib.closing(response),
-            wire_errors(f"downloading {path} from sandbox {self.id}"),
+            download_errors(self.id, path),
         ):
             return response.read()
 
@@ -419,7 +419,7 @@ class Sandbox(SandboxBase):
             with (
                 contextlib.closing(response),
                 partial.open("wb") as out,
-                wire_errors(f"downloading {path}"),
+                download_errors(self.id, path),
             ):
                 for chunk in response.iter_bytes(CHUNK_SIZE):
                     out.write(chunk)

@@ -49,11 +49,7 @@ def router(ops: SandboxOps, secured: list[Any]) -> APIRouter:
 
     @api.get("/sandboxes/{sid}/files", response_model=FileDownload)
     async def download_b64(sid: str, path: str) -> FileDownload:
-        r = await ops.open_file(sid, path, max_size=settings.max_json_body)
-        try:
-            data = await r.aread()
-        finally:
-            await r.aclose()
+        data = await ops.read_file(sid, path, settings.max_json_body)
         return FileDownload(path=path, content=base64.b64encode(data).decode(), size=len(data))
 
     @api.put(f"/sandboxes/{{sid}}{RAW_UPLOAD}", response_model=FileWriteResult)
@@ -87,7 +83,10 @@ def router(ops: SandboxOps, secured: list[Any]) -> APIRouter:
     @api.get(f"/sandboxes/{{sid}}{RAW_UPLOAD}", response_class=StreamingResponse)
     async def download_raw(sid: str, path: str) -> StreamingResponse:
         r = await ops.open_file(sid, path)
-        headers = {"Content-Length": r.headers["content-length"]}
+        # The genuine agent gives the size; without it the body goes out chunked. One that runs
+        # past max_download_bytes is cut: the client sees a broken transfer, not a short file.
+        length = r.headers.get("content-length")
+        headers = {"Content-Length": length} if length is not None else {}
         return StreamingResponse(r.aiter_raw(), media_type="application/octet-stream",
                                  headers=headers, background=BackgroundTask(r.aclose))
 

@@ -20,7 +20,7 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, NetworkingV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from orchard.env.agent.client import AgentClient
+from orchard.env.agent.client import AgentClient, AgentLimits
 from orchard.env.backends.base import (
     BackendError,
     SandboxHandle,
@@ -100,8 +100,10 @@ def pod_problem(pod: Pod | None) -> str | None:
 class KubernetesBackend:
     name = "kubernetes"
 
-    def __init__(self, config: KubernetesConfig, model_proxy: str | None = None) -> None:
+    def __init__(self, config: KubernetesConfig, model_proxy: str | None = None,
+                 agent_limits: AgentLimits | None = None) -> None:
         self.config = config
+        self._agent_limits = agent_limits
         self.model_proxy = model_proxy.rstrip("/") if model_proxy else None
         secret = config.agent_secret or os.environ.get("ORCHARD_AGENT_SECRET")
         if not secret:
@@ -362,7 +364,7 @@ class KubernetesBackend:
 
     @contextlib.asynccontextmanager
     async def _agent_for(self, handle: SandboxHandle) -> AsyncIterator[AgentClient]:
-        agent = AgentClient(handle.address, token=handle.token)
+        agent = AgentClient(handle.address, token=handle.token, **(self._agent_limits or {}))
         try:
             yield agent
         finally:
