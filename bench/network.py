@@ -1,6 +1,7 @@
 """Create and exec latency of networked sandboxes, next to blocked ones and a raw spawn.
 
-For each mode (``block_network`` true, then false) on one orchestrator: n sequential
+For each mode (``block_network`` true, then false, then false with an ``egress`` allow-list,
+which adds the sandbox's own resolver) on one orchestrator: n sequential
 create -> ready -> delete lifecycles (create = POST + wait), then n interleaved rounds of one
 raw host ``bash -c true`` and one ``exec(["true"])`` in a sandbox of that mode. With
 ``--baseline-tree DIR`` (a checkout of older code, e.g. ``git worktree add /tmp/base <rev>``)
@@ -31,19 +32,26 @@ from common import (  # noqa: E402
 
 from orchard.env.client import SandboxClient  # noqa: E402
 
+# TEST-NET-3: allowed, never sent to (the runs only exec `true`).
+ALLOW_LIST = ["203.0.113.0/24"]
+MODES = (("blocked", True, None), ("networked", False, None),
+         ("allow-listed", False, ALLOW_LIST))
 
-def lifecycles(client: SandboxClient, n: int, block_network: bool) -> list[float]:
+
+def lifecycles(client: SandboxClient, n: int, block_network: bool,
+               egress: list[str] | None) -> list[float]:
     took = []
     for _ in range(n):
         t0 = time.perf_counter()
-        sb = client.create_sandbox("host", block_network=block_network)
+        sb = client.create_sandbox("host", block_network=block_network, egress=egress)
         took.append(time.perf_counter() - t0)
         sb.delete()
     return took
 
 
-def execs(client: SandboxClient, n: int, block_network: bool) -> dict[str, list[float]]:
-    sb = client.create_sandbox("host", block_network=block_network)
+def execs(client: SandboxClient, n: int, block_network: bool,
+          egress: list[str] | None) -> dict[str, list[float]]:
+    sb = client.create_sandbox("host", block_network=block_network, egress=egress)
     raw, ex = [], []
     try:
         for _ in range(10):
@@ -63,9 +71,9 @@ def execs(client: SandboxClient, n: int, block_network: bool) -> dict[str, list[
 def measure(server: BenchServer, n: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with server, SandboxClient(server.url, timeout=60) as client:
-        for mode, blocked in (("blocked", True), ("networked", False)):
-            create = lifecycles(client, n, blocked)
-            run = execs(client, n, blocked)
+        for mode, blocked, egress in MODES:
+            create = lifecycles(client, n, blocked, egress)
+            run = execs(client, n, blocked, egress)
             out[mode] = {"create": summarize_ms(create), "exec": summarize_ms(run["exec"]),
                          "raw": summarize_ms(run["raw"]),
                          "exec_ratio": statistics.median(run["exec"])

@@ -15,7 +15,7 @@ import importlib.util
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "server": ("orchard serve and SandboxClient.local()",
                ("fastapi", "uvicorn", "prometheus_client", "platformdirs", "pyseccomp", "yaml",
-                "redis", "kubernetes_asyncio")),
+                "redis", "kubernetes_asyncio", "dns")),
     "rollout": ("the recording proxy and the harness adapters",
                 ("fastapi", "uvicorn", "yaml", "transformers", "tokenizers", "minisweagent")),
     "tasks": ("task sets and their grading", ("yaml", "datasets", "pyarrow", "swebench")),

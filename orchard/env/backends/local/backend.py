@@ -244,7 +244,7 @@ class LocalBackend:
             mnt = os.stat(f"/proc/{proc.pid}/ns/mnt").st_ino
             (sdir / "launcher.pid").write_text(f"{proc.pid} {mnt}")
             if not spec.block_network:
-                await asyncio.to_thread(self._attach_network, spec, holder, net_r)
+                await self._attach_network(spec, holder, net_r)
             await self._fork_agent(spec, holder, token)
         except quota.QuotaError as e:
             await self.delete(spec.sandbox_id)
@@ -267,13 +267,22 @@ class LocalBackend:
             token=token,
         )
 
-    def _attach_network(self, spec: SandboxSpec, holder: int, exit_fd: int) -> None:
-        """Egress rules first, then the link: no packet leaves before the rules are in."""
+    async def _attach_network(self, spec: SandboxSpec, holder: int, exit_fd: int) -> None:
+        """Egress rules (and an allow-list's resolver) first, then the link: no packet leaves
+        before the rules are in. Both act on a handle of the holder's network namespace,
+        never on its pid again."""
         sdir = self._dir(spec.sandbox_id)
         try:
-            self.egress.install(spec.sandbox_id, holder, spec.egress)
-            self._slirps[spec.sandbox_id] = network.start_slirp(
-                holder, exit_fd, self.cgroups.procs_files(spec.sandbox_id), sdir / "launch.log")
+            netns = await asyncio.to_thread(network.open_netns, holder,
+                                            lambda: self.cgroups.pids(spec.sandbox_id))
+            try:
+                await self.egress.install(spec.sandbox_id, netns, spec.egress)
+                self._slirps[spec.sandbox_id] = await asyncio.to_thread(
+                    network.start_slirp, netns, exit_fd,
+                    self.cgroups.procs_files(spec.sandbox_id), sdir / "launch.log",
+                    spec.egress is None)
+            finally:
+                os.close(netns)
         except network.NetworkError as e:
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
 
@@ -394,6 +403,8 @@ class LocalBackend:
         # The agent itself must be alive: the holder alone keeps the cgroup populated.
         if not sock.exists() or agent not in self.cgroups.pids(sandbox_id):
             return None
+        # The allow-list's resolver lived in the orchestrator that made the sandbox.
+        await self.egress.adopt(sandbox_id, agent, lambda: self.cgroups.pids(sandbox_id))
         marker = self._dir(sandbox_id) / MARKER
         if marker.exists() and self.relays.proxy and sandbox_id not in self.relays:
             # The sandbox dir is host root's: the sandbox cannot have written the marker.

@@ -99,9 +99,10 @@ class Launcher:
             for key in Path("/etc/ssh").glob("ssh_host_*_key"):
                 bwrap += ["--ro-bind", "/dev/null", str(key)]
         # Every sandbox has a network namespace; a networked one gets its link and rules
-        # once the holder is up, and a resolver that the rules let through.
+        # once the holder is up, and a resolver that the rules let through (with an
+        # allow-list, its own, which answers for the listed names only).
         if not spec.block_network:
-            (sdir / "resolv.conf").write_text(network.RESOLV_CONF)
+            (sdir / "resolv.conf").write_text(network.resolv_conf(spec.egress))
             bwrap += ["--ro-bind", staged("resolv.conf"), "/etc/resolv.conf"]
         bwrap += [
             "--perms", "1777", "--dir", "/tmp", "--dir", "/workspace",
