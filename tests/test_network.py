@@ -16,7 +16,9 @@ import contextlib
 import http.server
 import ipaddress
 import json
+import signal
 import socket
+import socketserver
 import subprocess
 import sys
 import threading
@@ -31,9 +33,11 @@ import dns.rrset
 import httpx
 import pytest
 
+from orchard.env.backends.local.backend import remove_leftovers
 from tests.conftest import (
     create_ready,
     dedicated_orchestrator,
+    free_port,
     needs_root,
     run,
     short_data_dir,
@@ -42,7 +46,9 @@ from tests.conftest import (
 
 pytestmark = [needs_root, pytest.mark.root]
 
-PUBLIC, PRIVATE = "198.18.7.2", "10.213.7.2"  # the upstream's two addresses
+PUBLIC, PRIVATE = "198.18.7.2", "10.213.7.2"  # the upstream's web server's addresses
+LINK_LOCAL = "169.254.7.2"  # and one where clouds serve metadata (169.254.169.254 is not ours)
+RESOLVER = "198.18.7.1"  # the host's end of the upstream's link, where name_server listens
 PORT = 8080
 
 # Connect to each (host, port) in argv; print one line "host:port OK|REFUSED <why>" each.
@@ -70,7 +76,7 @@ def probe(http: httpx.Client, sid: str, *targets: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[str]:
-    """A network namespace of this test's own with an HTTP server on both addresses."""
+    """A network namespace of this test's own with an HTTP server on all its addresses."""
     tag = uuid.uuid4().hex[:6]
     ns, host_if, ns_if = f"orchard-test-{tag}", f"ot{tag}h", f"ot{tag}n"
 
@@ -85,7 +91,10 @@ def upstream() -> Iterator[str]:
         for addr in ("198.18.7.1/24", "10.213.7.1/24"):
             ip("addr", "add", addr, "dev", host_if)
         ip("link", "set", host_if, "up")
-        for addr in (f"{PUBLIC}/24", f"{PRIVATE}/24"):
+        # Only this address of the link-local range is routed here: the host's own
+        # link-local route (and any metadata service behind it) stays as it was.
+        ip("route", "add", f"{LINK_LOCAL}/32", "dev", host_if)
+        for addr in (f"{PUBLIC}/24", f"{PRIVATE}/24", f"{LINK_LOCAL}/16"):
             ip("netns", "exec", ns, "ip", "addr", "add", addr, "dev", ns_if)
         ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
         ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
@@ -178,72 +187,108 @@ def test_an_allow_list_opens_only_what_it_lists(http: httpx.Client, upstream: st
 
 @contextlib.contextmanager
 def name_server(address: str, names: dict[str, str]) -> Iterator[list[str]]:
-    """A DNS server on ``address``:53 (UDP) that answers A queries for ``names`` (NXDOMAIN
-    for others); yields the names it was asked, in order."""
+    """A DNS server on ``address``:53, UDP and TCP, that answers A queries for ``names`` (the
+    caller may change them meanwhile; NXDOMAIN for others); yields the names it was asked."""
     asked: list[str] = []
-    stop = threading.Event()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((address, 53))
-    sock.settimeout(0.2)
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                data, peer = sock.recvfrom(4096)
-            except TimeoutError:
-                continue
-            query = dns.message.from_wire(data)
-            reply = dns.message.make_response(query)
-            question = query.question[0]
-            name = question.name.to_text(omit_final_dot=True)
-            asked.append(name)
-            if name not in names:
-                reply.set_rcode(dns.rcode.NXDOMAIN)
-            elif question.rdtype == dns.rdatatype.A:
-                reply.answer.append(dns.rrset.from_text(question.name, 60, "IN", "A",
-                                                        names[name]))
-            sock.sendto(reply.to_wire(), peer)
+    def reply(wire: bytes) -> bytes:
+        query = dns.message.from_wire(wire)
+        response = dns.message.make_response(query)
+        question = query.question[0]
+        name = question.name.to_text(omit_final_dot=True).lower()
+        asked.append(name)
+        if name not in names:
+            response.set_rcode(dns.rcode.NXDOMAIN)
+        elif question.rdtype == dns.rdatatype.A:
+            response.answer.append(dns.rrset.from_text(question.name, 1, "IN", "A",
+                                                       names[name]))
+        return response.to_wire()
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    class Udp(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            data, sock = self.request
+            sock.sendto(reply(data), self.client_address)
+
+    class Tcp(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            size = int.from_bytes(self.rfile.read(2), "big")
+            out = reply(self.rfile.read(size))
+            self.wfile.write(len(out).to_bytes(2, "big") + out)
+
+    class TcpServer(socketserver.ThreadingTCPServer):
+        allow_reuse_address = True  # the next test binds it again, its connections in TIME_WAIT
+        daemon_threads = True
+
+    servers = [socketserver.ThreadingUDPServer((address, 53), Udp), TcpServer((address, 53), Tcp)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield asked
     finally:
-        stop.set()
-        thread.join(5)
-        sock.close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
-# An embedded orchestrator on a data dir given in argv[1]; it stops when stdin closes.
-ORCHESTRATOR = """
-import sys
-from pathlib import Path
-from orchard.env.server import EmbeddedOrchestrator
-with EmbeddedOrchestrator(data_dir=Path(sys.argv[1]), reconcile_interval=0.5) as url:
-    print(url, flush=True)
-    sys.stdin.read()
-"""
+class Served:
+    """`orchard serve` in a child process with a mount namespace of its own, where
+    /etc/resolv.conf names ``resolver``: for it, and the slirp4netns it starts, the host's
+    resolver is that one. The host's own file is untouched. Its sandboxes outlive it (see
+    kill and start), until stop deletes them."""
+
+    def __init__(self, data: Path, resolver: str, log: Path, **settings: object) -> None:
+        self.data, self.log, self.port = data, log, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (data / "resolv.conf").write_text(f"nameserver {resolver}\n")
+        extra = "".join(f", {k}={v!r}" for k, v in settings.items())
+        self.code = ("from pathlib import Path; from orchard.env.server import serve; "
+                     f"serve(port={self.port}, data_dir=Path({str(data)!r}), "
+                     f"log_level='warning'{extra})")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 'mount --bind "$0" /etc/resolv.conf && exec "$@"',
+                 str(self.data / "resolv.conf"), sys.executable, "-c", self.code],
+                stdout=out, stderr=out)
+
+        def up() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+            return False
+
+        assert wait_until(up, 60, 0.1), self.log.read_text()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with httpx.Client(base_url=self.url, timeout=60) as api, \
+                    contextlib.suppress(httpx.HTTPError):
+                for sb in api.get("/sandboxes").json()["sandboxes"]:
+                    api.delete(f"/sandboxes/{sb['sandbox_id']}")
+            self.proc.terminate()
+            self.proc.wait(30)
+        remove_leftovers(self.data / "local")  # whatever a failed test left running
 
 
 @contextlib.contextmanager
-def orchestrator_whose_resolver_is(resolv_conf: Path, session_data: Path) -> Iterator[str]:
-    """An orchestrator in a child process with a mount namespace of its own, where
-    ``resolv_conf`` is /etc/resolv.conf: for it, and the slirp4netns it starts, the host's
-    resolver is the one this file names. The host's own file is untouched."""
+def orchestrator_whose_resolver_is(resolver: str, session_data: Path, log: Path,
+                                   **settings: object) -> Iterator[Served]:
+    """A started ``Served`` on a short data dir (reusing the session's bundle)."""
     with short_data_dir(session_data) as short:
-        child = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-             'mount --bind "$1" /etc/resolv.conf && exec "$2" -c "$3" "$4"', "sh",
-             str(resolv_conf), sys.executable, ORCHESTRATOR, str(short)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert child.stdin is not None and child.stdout is not None
+        server = Served(short, resolver, log, **settings)
         try:
-            url = child.stdout.readline().strip()
-            assert url.startswith("http://"), "the orchestrator did not start; see its log above"
-            yield url
+            server.start()
+            yield server
         finally:
-            child.stdin.close()
-            child.wait(60)
+            server.stop()
 
 
 def test_dns_goes_through_the_sandboxs_own_forwarder(data_dir: Path, orchestrator: str,
@@ -253,12 +298,10 @@ def test_dns_goes_through_the_sandboxs_own_forwarder(data_dir: Path, orchestrato
     host's resolver here is this test's (on the host's end of its veth), so no query leaves
     the machine."""
     del orchestrator, upstream  # the bundle it built; the address the resolver listens on
-    resolver, name = "198.18.7.1", "upstream.orchard.test"
-    resolv_conf = tmp_path / "resolv.conf"
-    resolv_conf.write_text(f"nameserver {resolver}\n")
-    with name_server(resolver, {name: PUBLIC}) as asked, \
-            orchestrator_whose_resolver_is(resolv_conf, data_dir) as url, \
-            httpx.Client(base_url=url, timeout=120) as api:
+    name = "upstream.orchard.test"
+    with name_server(RESOLVER, {name: PUBLIC}) as asked, orchestrator_whose_resolver_is(
+            RESOLVER, data_dir, tmp_path / "serve.log") as server, \
+            httpx.Client(base_url=server.url, timeout=120) as api:
         sid = create_ready(api, {"image": "host", "block_network": False})
         assert run(api, sid, command="cat /etc/resolv.conf")["stdout"].startswith(
             "nameserver 10.0.2.3")

@@ -348,9 +348,6 @@ class EgressRules:
         self._opening: set[str] = set()  # being installed or adopted right now
         self._task: asyncio.Task[None] | None = None
 
-    def __contains__(self, sandbox_id: str) -> bool:
-        return sandbox_id in self._guarded
-
     async def install(self, sandbox_id: str, netns: int, egress: Sequence[str] | None) -> None:
         """Resolve, save and apply a new sandbox's rules in its network namespace ``netns`` (an
         fd, which stays the caller's); with an allow-list, also start its resolver there.
