@@ -48,6 +48,9 @@ pytestmark = [needs_root, pytest.mark.root]
 
 PUBLIC, PRIVATE = "198.18.7.2", "10.213.7.2"  # the upstream's web server's addresses
 LINK_LOCAL = "169.254.7.2"  # and one where clouds serve metadata (169.254.169.254 is not ours)
+# One address of each other range a sandbox must not reach, also served by the upstream, so
+# that a broken rule would send the probe into this test's namespace, never off the machine.
+FORBIDDEN = ("172.16.7.2", "192.168.7.2", "100.64.7.2")
 RESOLVER = "198.18.7.1"  # the host's end of the upstream's link, where name_server listens
 PORT = 8080
 
@@ -93,8 +96,10 @@ def upstream() -> Iterator[str]:
         ip("link", "set", host_if, "up")
         # Only this address of the link-local range is routed here: the host's own
         # link-local route (and any metadata service behind it) stays as it was.
-        ip("route", "add", f"{LINK_LOCAL}/32", "dev", host_if)
-        for addr in (f"{PUBLIC}/24", f"{PRIVATE}/24", f"{LINK_LOCAL}/16"):
+        for routed in (LINK_LOCAL, *FORBIDDEN):
+            ip("route", "add", f"{routed}/32", "dev", host_if)
+        for addr in (f"{PUBLIC}/24", f"{PRIVATE}/24", f"{LINK_LOCAL}/16",
+                     *(f"{a}/32" for a in FORBIDDEN)):
             ip("netns", "exec", ns, "ip", "addr", "add", addr, "dev", ns_if)
         ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
         ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
@@ -150,13 +155,16 @@ def test_the_escape_battery_is_refused(http: httpx.Client, orchestrator: str, up
             *(f"{a}:{api_port}" for a in _host_addresses()),        # the host, by its addresses
             *(f"{a}:{host_listener}" for a in _host_addresses()),
             f"10.0.2.100:{PORT}",                 # the other sandbox's address, as seen inside
-            "169.254.169.254:80",                 # cloud metadata
+            f"{LINK_LOCAL}:{PORT}",               # link-local, where clouds serve metadata
             f"{PRIVATE}:{PORT}",                  # a private range, with a server really there
-            "172.16.0.1:80", "192.168.0.1:80", "100.64.0.1:80", "10.0.0.1:80",
+            *(f"{a}:{PORT}" for a in FORBIDDEN),  # the other private and shared ranges
         ]
         # The host listener answers on the host, so a refusal inside is the sandbox's doing.
         with socket.create_connection(("127.0.0.1", host_listener), 2):
             pass
+        for served in (LINK_LOCAL, PRIVATE, *FORBIDDEN):  # and these answer the host
+            with socket.create_connection((served, PORT), 2):
+                pass
         results = probe(http, sid, *targets)
         leaked = {t: r for t, r in results.items() if r != "REFUSED"}
         assert not leaked, leaked
