@@ -48,7 +48,14 @@ from orchard.env.backends.base import (
 from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
 from orchard.env.backends.local.images import ImageError, ImageForbidden, ImageStore
-from orchard.env.backends.local.launch import CTL_MOUNT, LAUNCH_VIEW, USER_PATH, Launcher
+from orchard.env.backends.local.launch import (
+    CTL_MOUNT,
+    USER_PATH,
+    Launcher,
+    await_holder,
+    launcher_root,
+    record_launcher,
+)
 from orchard.env.backends.local.relay import MARKER, MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.backends.local.snapshots import SnapshotLayers
@@ -238,11 +245,9 @@ class LocalBackend:
                 # So an adopting orchestrator re-opens the relay, for the same session.
                 (sdir / MARKER).write_text(spec.session)
                 await self.relays.open(spec.sandbox_id, sdir / "ctl", uid, spec.session)
-            holder = await self._await_holder(spec.sandbox_id, proc)
-            # Its mount namespace holds the upper dir of a disk-quota sandbox (see _upper);
-            # the namespace's inode tells it from any later process given the same pid.
-            mnt = os.stat(f"/proc/{proc.pid}/ns/mnt").st_ino
-            (sdir / "launcher.pid").write_text(f"{proc.pid} {mnt}")
+            holder = await await_holder(spec.sandbox_id, proc, sdir / "launch.log",
+                                        self.ready_timeout)
+            record_launcher(sdir, proc.pid)
             if not spec.block_network:
                 await self._attach_network(spec, holder, net_r)
             await self._fork_agent(spec, holder, token)
@@ -305,26 +310,6 @@ class LocalBackend:
     def _agent_env(self, spec: SandboxSpec) -> dict[str, str]:
         return {"PATH": USER_PATH, "HOME": "/root", "LANG": "C.UTF-8",
                 "HOSTNAME": spec.sandbox_id[:63], **spec.env}
-
-    async def _await_holder(self, sandbox_id: str, launcher: subprocess.Popen[bytes]) -> int:
-        """Host pid of bwrap's sandboxed child, once its set-up is complete. bwrap drops the
-        child's capabilities only after the last mount and the chroot, so an empty effective
-        set means the namespaces are final (it then parks on --block-fd)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.ready_timeout
-        delay = 0.0005
-        while loop.time() < deadline:
-            if launcher.poll() is not None:
-                log = (self._dir(sandbox_id) / "launch.log").read_text(errors="replace")
-                raise BackendError(f"sandbox {sandbox_id} failed to start (launcher exit "
-                                   f"{launcher.returncode}): {log.strip()[-2000:]}")
-            holder = _children(launcher.pid)
-            if holder and _capabilities_dropped(holder[0]):
-                return holder[0]
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.02)
-        raise BackendError(f"sandbox {sandbox_id}: not set up after {self.ready_timeout:.0f}s; "
-                           f"see {self._dir(sandbox_id) / 'launch.log'}")
 
     async def _fork_agent(self, spec: SandboxSpec, holder: int, token: str) -> None:
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -436,34 +421,17 @@ class LocalBackend:
         try:
             if not paused:
                 self.cgroups.freeze(sandbox_id)
-            return self.snapshots.take(snapshot_id, self._upper(sdir, sandbox_id), base,
+            # A disk-quota sandbox's upper dir is on a file system mounted only in its
+            # launcher's mount namespace.
+            upper = (launcher_root(sdir, self.cgroups.pids(sandbox_id)) / quota.DISK_DIR
+                     / "upper" if (sdir / quota.DISK_IMAGE).exists() else sdir / "upper")
+            return self.snapshots.take(snapshot_id, upper, base,
                                        parent, max_bytes, sandbox_id)
         except CgroupError as e:
             raise BackendError(f"sandbox {sandbox_id}: {e}") from None
         finally:
             if not paused:
                 self.cgroups.thaw(sandbox_id)
-
-    def _upper(self, sdir: Path, sandbox_id: str) -> Path:
-        """The sandbox's upper dir as the host can read it. A disk-quota sandbox's is on a file
-        system mounted only in its launcher's mount namespace, reached through /proc."""
-        if not (sdir / quota.DISK_IMAGE).exists():
-            return sdir / "upper"
-        try:
-            launcher, mnt = map(int, (sdir / "launcher.pid").read_text().split())
-            # The sandbox is frozen (see snapshot), so this pid cannot change hands between
-            # this check and the copy. A sandbox process given a dead launcher's pid would
-            # fail it: the sandbox's own mount namespace is not the launcher's.
-            alive = (launcher in self.cgroups.pids(sandbox_id)
-                     and os.stat(f"/proc/{launcher}/ns/mnt").st_ino == mnt)
-        except (OSError, ValueError):
-            alive = False
-        if not alive:
-            raise BackendError(f"sandbox {sandbox_id}: its disk's mount is gone (the launcher "
-                               "exited); delete and recreate it")
-        # There the disk is on the launch stage, seen at LAUNCH_VIEW (see launch.sh).
-        inside = LAUNCH_VIEW / quota.DISK_DIR / "upper"
-        return Path(f"/proc/{launcher}/root") / inside.relative_to("/")
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         return await asyncio.to_thread(self.snapshots.delete, snapshot_id)
@@ -523,19 +491,3 @@ def remove_leftovers(data_dir: Path) -> None:
         if (uid := uid_of(sdir)) is not None:
             ranges.release(sdir, uid)
 
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-
-
-def _capabilities_dropped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("CapEff:") and int(line.split()[1], 16) == 0
-                       for line in f)
-    except OSError:
-        return False

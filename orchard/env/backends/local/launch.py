@@ -1,14 +1,19 @@
-"""How a local sandbox is launched: launch.sh and the bwrap command line around it."""
+"""How a local sandbox is launched: launch.sh, the bwrap command line around it, waiting for
+its holder, and the launcher kept for later (a disk-quota sandbox's upper dir is in its mount
+namespace)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchard.env.agent.browser_bundle import BROWSER_MOUNT
 from orchard.env.agent.bundle import BUNDLE_MOUNT
-from orchard.env.backends.base import SandboxSpec
+from orchard.env.backends.base import BackendError, SandboxSpec
 from orchard.env.backends.local import network
 from orchard.env.backends.local.images import ResolvedImage
 
@@ -140,3 +145,66 @@ def make_host_skeleton(path: Path) -> Path:
             entry.mkdir()
     (path / "tmp").chmod(0o1777)
     return path
+
+
+async def await_holder(sandbox_id: str, launcher: subprocess.Popen[bytes], log: Path,
+                       timeout: float) -> int:
+    """Host pid of bwrap's sandboxed child, once its set-up is complete. bwrap drops the
+    child's capabilities only after the last mount and the chroot, so an empty effective
+    set means the namespaces are final (it then parks on --block-fd)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.0005
+    while loop.time() < deadline:
+        if launcher.poll() is not None:
+            raise BackendError(f"sandbox {sandbox_id} failed to start (launcher exit "
+                               f"{launcher.returncode}): "
+                               f"{log.read_text(errors='replace').strip()[-2000:]}")
+        holder = _children(launcher.pid)
+        if holder and _capabilities_dropped(holder[0]):
+            return holder[0]
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.02)
+    raise BackendError(f"sandbox {sandbox_id}: not set up after {timeout:.0f}s; see {log}")
+
+
+def record_launcher(sdir: Path, pid: int) -> None:
+    """Keep the launcher's pid with its mount namespace's inode, which tells it from any later
+    process given the same pid (see launcher_root)."""
+    (sdir / "launcher.pid").write_text(f"{pid} {os.stat(f'/proc/{pid}/ns/mnt').st_ino}")
+
+
+def launcher_root(sdir: Path, sandbox_pids: Collection[int]) -> Path:
+    """The launch stage as the host reaches it, through the launcher's /proc/PID/root.
+
+    The caller keeps the sandbox frozen, so the pid cannot change hands between this check and
+    its use. A sandbox process given a dead launcher's pid fails the check: the sandbox's own
+    mount namespace is not the launcher's.
+    """
+    try:
+        launcher, mnt = map(int, (sdir / "launcher.pid").read_text().split())
+        alive = (launcher in sandbox_pids
+                 and os.stat(f"/proc/{launcher}/ns/mnt").st_ino == mnt)
+    except (OSError, ValueError):
+        alive = False
+    if not alive:
+        raise BackendError(f"sandbox {sdir.name}: its launcher is gone, and with it the mount "
+                           "of its disk; delete and recreate it")
+    return Path(f"/proc/{launcher}/root") / LAUNCH_VIEW.relative_to("/")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _capabilities_dropped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("CapEff:") and int(line.split()[1], 16) == 0
+                       for line in f)
+    except OSError:
+        return False
