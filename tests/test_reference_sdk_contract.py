@@ -12,6 +12,7 @@ import base64
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -135,15 +136,17 @@ def test_delete_is_idempotent_as_its_delete_and_exit_expect(ref: httpx.Client) -
     assert ref.delete(f"/sandboxes/ref-{uuid.uuid4().hex[:8]}").status_code == 200
 
 
-def test_a_failed_sandbox_is_reported_by_wait(ref: httpx.Client) -> None:
-    r = ref.post("/sandboxes", json={"image": "/no/such/image", "block_network": True})
+def test_a_failed_sandbox_is_reported_by_wait(ref: httpx.Client, data_dir: Path) -> None:
+    # In the image directory, so it is accepted, and fails only when the launch looks for it.
+    missing = data_dir / "images" / "no-such-image"
+    r = ref.post("/sandboxes", json={"image": str(missing), "block_network": True})
     assert r.status_code == 200, r.text
     sid = r.json()["sandbox_id"]
     w = ref.get(f"/sandboxes/{sid}/wait", params={"timeout": 60})
     # It raises RuntimeError(f"... failed: {status_message}") on status "failed".
     assert w.status_code == 200, w.text
     assert w.json()["status"] == "failed" and w.json()["ready"] is False
-    assert "/no/such/image" in w.json()["status_message"]
+    assert str(missing) in w.json()["status_message"]
     ref.delete(f"/sandboxes/{sid}")
 
 
