@@ -25,39 +25,20 @@ HOST_VIEW = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "op
 HOST_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
                 "/etc/sudoers", "/etc/ssl/private")
 _LAUNCH_SH = """\
-# usage: launch.sh LOWER_FDS SANDBOX_DIR UID BUNDLE BROWSER DISK NPROCS PROCS_FILE... COMMAND...
+# usage: launch.sh LOWER_FDS SANDBOX_DIR UID NPROCS PROCS_FILE... COMMAND...
 # Host root, in a private mount namespace; COMMAND (bwrap) runs as the sandbox's host uid.
 set -e
-lower=$1 sdir=$2 uid=$3 bundle=$4 browser=$5 disk=$6 n=$7
-shift 7
+lower=$1 sdir=$2 uid=$3 n=$4
+shift 4
 while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done
 # bwrap, as the sandbox's uid, may not search the data dir (0700). Everything it binds is
-# gathered on a small tmpfs, which then moves over /tmp, in this mount namespace only.
-stage=$sdir/stage
-mount -t tmpfs -o mode=0755,size=64k,nodev,nosuid,noexec orchard-stage "$stage"
-mkdir "$stage/root" "$stage/bundle" "$stage/browser" "$stage/ctl" "$stage/empty"
-upper=$sdir/upper work=$sdir/work
-# A disk quota (DISK not empty): upper and work live on that file system, mounted here so
-# that it and its loop device (autoclear) go away with the sandbox.
-if [ -n "$disk" ]; then
-  mkdir "$stage/disk"
-  mount -o loop,nodev,nosuid "$disk" "$stage/disk"
-  upper=$stage/disk/upper work=$stage/disk/work
-fi
-# LOWER_FDS: the id-mapped lower layers, topmost first, as fd numbers joined by ':'.
-lowerdir=/proc/self/fd/${lower//:/:/proc/self/fd/}
-mount -t overlay orchard-overlay \\
-    -o "lowerdir=$lowerdir,upperdir=$upper,workdir=$work" "$stage/root"
-# Nothing in the sandbox may inherit the id-mapped views.
+# gathered on a small tmpfs (stage.fstab, in one mount process), which then moves over /tmp,
+# in this mount namespace only. A disk quota's file system and its loop device (autoclear)
+# are mounted there too, so they go away with the sandbox.
+mount -a -T "$sdir/stage.fstab"
+# Nothing in the sandbox may inherit the id-mapped views (LOWER_FDS, joined by ':').
 for fd in ${lower//:/ }; do eval "exec $fd<&-"; done
-mount --bind "$bundle" "$stage/bundle"
-mount --bind "$browser" "$stage/browser"
-mount --bind "$sdir/ctl" "$stage/ctl"
-if [ -f "$sdir/resolv.conf" ]; then
-  touch "$stage/resolv.conf"
-  mount --bind "$sdir/resolv.conf" "$stage/resolv.conf"
-fi
-mount --move "$stage" /tmp
+mount --move "$sdir/stage" /tmp
 exec setpriv --reuid "$uid" --regid "$uid" --clear-groups "$@"
 """
 # Where bwrap (and the host, through the launcher's /proc/PID/root) finds the stage.
@@ -90,6 +71,8 @@ class Launcher:
         def staged(name: str) -> str:  # what launch.sh gathered, as bwrap sees it
             return str(LAUNCH_VIEW / name)
 
+        (sdir / "stage.fstab").write_text(self.stage_fstab(sdir, lower_fds, disk))
+
         bwrap = ["bwrap", "--userns", str(userns_fd), "--bind", staged("root"), "/",
                  "--proc", "/proc", "--dev", "/dev"]
         if image.kind == "host":
@@ -98,17 +81,18 @@ class Launcher:
                 if host.is_dir() and not host.is_symlink():
                     bwrap += ["--ro-bind", str(host), str(host)]
             for secret in HOST_SECRETS:
-                if os.path.lexists(secret):
-                    mask = staged("empty") if os.path.isdir(secret) else "/dev/null"
-                    bwrap += ["--ro-bind", mask, secret]
+                if os.path.isdir(secret):  # an empty, read-only tmpfs over it
+                    bwrap += ["--tmpfs", secret, "--remount-ro", secret]
+                elif os.path.lexists(secret):
+                    bwrap += ["--ro-bind", "/dev/null", secret]
             for key in Path("/etc/ssh").glob("ssh_host_*_key"):
                 bwrap += ["--ro-bind", "/dev/null", str(key)]
         # Every sandbox has a network namespace; a networked one gets its link and rules
         # once the holder is up, and a resolver that the rules let through (with an
         # allow-list, its own, which answers for the listed names only).
         if not spec.block_network:
-            (sdir / "resolv.conf").write_text(network.resolv_conf(spec.egress))
-            bwrap += ["--ro-bind", staged("resolv.conf"), "/etc/resolv.conf"]
+            (sdir / "ctl" / "resolv.conf").write_text(network.resolv_conf(spec.egress))
+            bwrap += ["--ro-bind", staged("ctl/resolv.conf"), "/etc/resolv.conf"]
         bwrap += [
             "--perms", "1777", "--dir", "/tmp", "--dir", "/workspace",
             "--ro-bind", staged("bundle"), BUNDLE_MOUNT,
@@ -127,9 +111,28 @@ class Launcher:
         return [
             "unshare", "--mount", "--propagation", "private", "--", "bash",
             str(self.launch_sh), ":".join(map(str, lower_fds)), str(sdir), str(uid),
-            str(self.bundle), str(self.browser), str(disk or ""), str(len(procs)),
-            *procs, *bwrap,
+            str(len(procs)), *procs, *bwrap,
         ]
+
+    def stage_fstab(self, sdir: Path, lower_fds: list[int], disk: Path | None) -> str:
+        """What launch.sh mounts on the stage, in order: the tmpfs, [the disk quota's file
+        system], the overlay (lower layers as the launcher's fds, topmost first), the bundle,
+        the browser dir and ctl."""
+        stage = sdir / "stage"
+        layers = stage / "disk" if disk else sdir
+        lower = ":".join(f"/proc/self/fd/{fd}" for fd in lower_fds)
+        lines = [("orchard-stage", stage, "tmpfs", "mode=0755,size=64k,nodev,nosuid,noexec")]
+        if disk:
+            lines.append((disk, stage / "disk", "ext4", "loop,nodev,nosuid,X-mount.mkdir"))
+        lines += [
+            ("orchard-overlay", stage / "root", "overlay",
+             f"lowerdir={lower},upperdir={layers / 'upper'},workdir={layers / 'work'},"
+             "X-mount.mkdir"),
+            *((source, stage / name, "none", "bind,X-mount.mkdir") for name, source in
+              (("bundle", self.bundle), ("browser", self.browser), ("ctl", sdir / "ctl"))),
+        ]
+        return "".join(" ".join(_fstab_field(str(f)) for f in line) + " 0 0\n"
+                       for line in lines)
 
 
 def make_host_skeleton(path: Path) -> Path:
@@ -191,6 +194,11 @@ def launcher_root(sdir: Path, sandbox_pids: Collection[int]) -> Path:
         raise BackendError(f"sandbox {sdir.name}: its launcher is gone, and with it the mount "
                            "of its disk; delete and recreate it")
     return Path(f"/proc/{launcher}/root") / LAUNCH_VIEW.relative_to("/")
+
+
+def _fstab_field(text: str) -> str:
+    """A field of fstab(5): white space and backslashes as octal escapes."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in text)
 
 
 def _children(pid: int) -> list[int]:
