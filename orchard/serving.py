@@ -72,6 +72,13 @@ def new_admin_key() -> str:
     return secrets.token_urlsafe(32)
 
 
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key a request carries, in ``X-API-Key`` or ``Authorization: Bearer``."""
+    value = headers.get("authorization", "")
+    bearer = value[7:].strip() if value.lower().startswith("bearer ") else None
+    return headers.get("x-api-key") or bearer
+
+
 def admin_key_refusal(expected: str | None, headers: Mapping[str, str], what: str,
                       configure: str) -> tuple[int, str] | None:
     """Why a request for the admin-only ``what`` is refused, as (status, message), or None
@@ -79,9 +86,7 @@ def admin_key_refusal(expected: str | None, headers: Mapping[str, str], what: st
     no key has ``what`` turned off; ``configure`` says how to give it one."""
     if expected is None:
         return 403, f"{what} is turned off on this server: {configure}"
-    value = headers.get("authorization", "")
-    given = headers.get("x-api-key") or (
-        value[7:].strip() if value.lower().startswith("bearer ") else "")
+    given = presented_key(headers)
     if not given:
         return 401, f"{what} needs this server's admin key: send it as X-API-Key ({configure})"
     if not hmac.compare_digest(given.encode(), expected.encode()):

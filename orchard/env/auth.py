@@ -7,6 +7,7 @@ import hmac
 from starlette.requests import HTTPConnection
 
 from orchard.env.errors import ServiceError
+from orchard.serving import presented_key
 
 SUBPROTOCOL_PREFIX = "api_key."
 
@@ -32,9 +33,7 @@ def check_key(keys: list[str], given: str | None) -> None:
 
 def given_key(conn: HTTPConnection) -> str | None:
     """The key in ``X-API-Key`` or ``Authorization: Bearer``."""
-    value = conn.headers.get("authorization", "")
-    bearer = value[7:].strip() if value.lower().startswith("bearer ") else None
-    return conn.headers.get("x-api-key") or bearer
+    return presented_key(conn.headers)
 
 
 def websocket_key(conn: HTTPConnection) -> tuple[str | None, str | None]:

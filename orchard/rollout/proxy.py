@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import re
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -43,6 +42,7 @@ from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.http_guard import HostOriginGuard
+from orchard.inference_routes import method_of, routes
 from orchard.rollout.answers import assemble_stream, token_view
 from orchard.rollout.openai_wire import error_body
 from orchard.rollout.recorder import BadSession, SessionStore, check_session
@@ -62,12 +62,7 @@ _SESSION_HEADER_RAW = SESSION_HEADER.encode()
 # Where `orchard proxy` and the readers of sessions (`orchard trace`, `orchard eval`)
 # find the admin key.
 ADMIN_KEY_ENV = "ORCHARD_PROXY_KEY"
-INFERENCE_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, "
-                    "GET /v1/models and GET /v1/models/{id}")
-# A model id may hold slashes (org/name) but no empty, "." or ".." segment (this is the decoded
-# path, so escaped ones count too): the upstream gets the path as the client wrote it, and must
-# read it as this route and no other.
-_MODEL_ROUTE = re.compile(r"/v1/models(/[A-Za-z0-9_:@+-][A-Za-z0-9_.:@+-]*)*")
+INFERENCE_ROUTES = routes()
 
 
 class ProxySettings(BaseModel):
@@ -105,12 +100,10 @@ def _error(status: int, message: str) -> Response:
 
 
 def _route_refusal(method: str, path: str) -> tuple[int, str] | None:
-    """Why a forwarded path is refused (status, message), or None for an inference route."""
-    if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
-        allowed = "POST"
-    elif _MODEL_ROUTE.fullmatch(path):
-        allowed = "GET"
-    else:
+    """Why a forwarded path (/v1/..., decoded, so escaped dots count too) is refused (status,
+    message), or None for an inference route."""
+    allowed = method_of(path.removeprefix("/v1/"))
+    if allowed is None:
         return 404, (f"{path[:200]} is not forwarded: the proxy forwards only the inference "
                      f"routes ({INFERENCE_ROUTES}), under /v1 or /s/{{session}}/v1")
     if method != allowed:

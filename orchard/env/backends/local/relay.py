@@ -33,6 +33,7 @@ import h11
 
 from orchard.env.backends.base import BackendError, SpecRejected
 from orchard.env.schema import SESSION_PATTERN
+from orchard.inference_routes import method_of, routes
 
 MODEL_SOCKET = "model.sock"
 # Where a model_proxy sandbox finds the recording proxy, on its own loopback.
@@ -51,11 +52,6 @@ _PASSED = frozenset({b"content-type", b"accept", b"authorization", b"user-agent"
                      b"openai-organization", b"openai-project", b"x-request-id"})
 # Response headers about the proxy's connection, not the answer: h11 frames its own.
 _HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding"})
-# A model id may hold slashes (org/name) but no empty, "." or ".." segment and no escapes,
-# so no upstream can read the path as another route.
-_SEGMENT = r"[A-Za-z0-9_:@+-][A-Za-z0-9_.:@+-]*"
-_ROUTES = {"POST": re.compile(r"(chat/completions|completions|responses)"),
-           "GET": re.compile(rf"models(/{_SEGMENT})*")}
 
 
 class ModelRelays:
@@ -224,15 +220,12 @@ def _check(request: h11.Request, session: str) -> None:
         if name == b"content-length" and int(value) > MAX_BODY:
             raise _TOO_BIG
     prefix = f"/s/{session}/v1/"
-    allowed = (f"this sandbox may call only POST {prefix}chat/completions, POST "
-               f"{prefix}completions, POST {prefix}responses and GET {prefix}models[/ID] (its "
-               "own session, "
-               f"{session}) through the model relay")
+    allowed = (f"this sandbox may call only {routes(prefix)} (its own session, {session}) "
+               "through the model relay")
     if not target.startswith("/"):
         raise _Refused(400, f"request target {target[:200]!r} is not a path; {allowed}")
     path = target.partition("?")[0]
-    route = _ROUTES.get(method)
-    if not path.startswith(prefix) or route is None or not route.fullmatch(path[len(prefix):]):
+    if not path.startswith(prefix) or method_of(path[len(prefix):]) != method:
         raise _Refused(403, f"{method} {path[:200]} is refused: {allowed}")
 
 
