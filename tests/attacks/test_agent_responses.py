@@ -276,24 +276,17 @@ def capped(data_dir: Path, orchestrator: str) -> Iterator[tuple[str, Path]]:
 
 
 @pytest.fixture()
-def capped_http(capped: tuple[str, Path]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=capped[0], timeout=60) as http:
-        yield http
-
-
-@pytest.fixture()
-def capped_sandbox(capped_http: httpx.Client) -> Iterator[str]:
-    sid = create_ready(capped_http, {"image": "host"})
-    yield sid
-    capped_http.delete(f"/sandboxes/{sid}")
+def http(capped: tuple[str, Path]) -> Iterator[httpx.Client]:
+    """The capped orchestrator's client (conftest's ``sandbox`` is then one of its sandboxes)."""
+    with httpx.Client(base_url=capped[0], timeout=60) as client:
+        yield client
 
 
 @needs_root
 def test_a_file_that_claims_a_terabyte_is_refused_before_it_streams(
-        capped: tuple[str, Path], capped_http: httpx.Client, capped_sandbox: str,
-        tmp_path: Path) -> None:
+        capped: tuple[str, Path], http: httpx.Client, sandbox: str, tmp_path: Path) -> None:
     """Sandbox code makes a sparse file of 1 TiB: the agent would send all of it."""
-    sid, http = capped_sandbox, capped_http
+    sid = sandbox
     assert run(http, sid, command="truncate -s 1T /workspace/tera")["exit_code"] == 0
     with http.stream("GET", f"/sandboxes/{sid}/files/raw",
                      params={"path": "/workspace/tera"}) as r:
@@ -307,11 +300,11 @@ def test_a_file_that_claims_a_terabyte_is_refused_before_it_streams(
 
 
 @needs_root
-def test_a_directory_too_big_to_list_is_a_clear_error(capped_http: httpx.Client,
-                                                      capped_sandbox: str) -> None:
+def test_a_directory_too_big_to_list_is_a_clear_error(http: httpx.Client,
+                                                      sandbox: str) -> None:
     """Sandbox code fills a directory: listing it is an answer over the limit (64 KiB here,
     128 MiB by default, some million entries), refused rather than held in memory."""
-    sid, http = capped_sandbox, capped_http
+    sid = sandbox
     make = "mkdir -p /workspace/many && cd /workspace/many && seq 3000 | xargs touch"
     assert run(http, sid, command=make)["exit_code"] == 0
     r = http.get(f"/sandboxes/{sid}/files/list", params={"path": "/workspace/many"})
@@ -325,10 +318,9 @@ def test_a_directory_too_big_to_list_is_a_clear_error(capped_http: httpx.Client,
 
 @needs_root
 def test_a_fake_agent_cannot_flood_the_orchestrator(
-        capped: tuple[str, Path], capped_http: httpx.Client, capped_sandbox: str,
-        tmp_path: Path) -> None:
+        capped: tuple[str, Path], http: httpx.Client, sandbox: str, tmp_path: Path) -> None:
     url, data_dir = capped
-    sid, http = capped_sandbox, capped_http
+    sid = sandbox
     other = create_ready(http, {"image": "host"})
     home = data_dir / "local" / "sandboxes" / sid
 
