@@ -32,9 +32,8 @@ class DataDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> DataDirLock:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         # The state, the images and the snapshots below are host root's business only.
-        self.data_dir.chmod(0o700)
+        private_dir(self.data_dir)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -60,6 +59,13 @@ class DataDirLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only its owner may enter (made if missing, else narrowed)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
 
 
 def private_data_dir() -> Path:

@@ -60,11 +60,14 @@ from orchard.env.backends.local.relay import MARKER, MODEL_PORT, MODEL_SOCKET, M
 from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.backends.local.snapshots import SnapshotLayers
 from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of, zygote_userns
+from orchard.env.datadir import private_dir
 from orchard.env.schema import LimitReport
 
 log = logging.getLogger("orchard.env")
 SOCKET_NAME = "agent.sock"
 _MAX_UNIX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+
+
 class LocalBackend:
     """Sandboxes on this machine; needs root, bubblewrap, overlayfs and cgroups."""
 
@@ -92,12 +95,10 @@ class LocalBackend:
         self.relays = ModelRelays(model_proxy)
         self.egress = network.EgressRules(data_dir / "sandboxes", egress_refresh)
         self.data_dir = data_dir
-        self.sandboxes_dir = data_dir / "sandboxes"
-        self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         # Only host root may enter: images and snapshots hold files owned by host ids, set-id
         # bits included, and bwrap needs none of it (launch.sh stages what it binds).
-        for d in (data_dir, self.sandboxes_dir):
-            d.chmod(0o700)
+        private_dir(data_dir)
+        self.sandboxes_dir = private_dir(data_dir / "sandboxes")
         self._secret = _agent_secret(data_dir / "agent.secret")
         self.uid_ranges = UidRanges()
         self.ready_timeout = ready_timeout
@@ -110,8 +111,7 @@ class LocalBackend:
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}
         self._slirps: dict[str, subprocess.Popen[bytes]] = {}
         cache = cache_dir or data_dir
-        (cache / "images").mkdir(mode=0o700, parents=True, exist_ok=True)
-        (cache / "images").chmod(0o700)
+        private_dir(cache / "images")
         if image_dir is not None:
             image_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.images = ImageStore(cache / "images", image_dir, image_paths,

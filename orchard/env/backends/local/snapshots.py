@@ -29,6 +29,7 @@ from pathlib import Path
 
 from orchard.env.backends.base import SnapshotMissing, SnapshotTooLarge
 from orchard.env.backends.local.userns import RANGE_SIZE
+from orchard.env.datadir import private_dir
 
 # Each layer is one lower dir of the overlay, and the mount options must fit in a page.
 MAX_DEPTH = 64
@@ -41,8 +42,7 @@ class SnapshotLayers:
     def __init__(self, root: Path, sandboxes_dir: Path) -> None:
         self.root = root
         self.sandboxes_dir = sandboxes_dir
-        self.root.mkdir(mode=0o700, exist_ok=True)
-        self.root.chmod(0o700)
+        private_dir(self.root)
         # Pinning a chain for a new sandbox and removing an unused snapshot must not interleave.
         self._lock = threading.Lock()
 
