@@ -90,9 +90,9 @@ def judge_overhead(client: SandboxClient, n: int) -> dict[str, Any]:
     import re
 
     from orchard.eval import RunConfig, evaluate, make_harness
-    from orchard.rollout.policies import Reply
-    from orchard.rollout.teacher import FunctionPolicy, TeacherServer
     from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+    from orchard.testing.policies import Reply
+    from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
     def scores(messages: list[dict[str, Any]], tools: Any) -> Reply:
         count = len(re.findall(r"^\d+\. ", str(messages[-1]["content"]), re.MULTILINE))

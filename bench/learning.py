@@ -42,8 +42,8 @@ from orchard.env.client import SandboxClient  # noqa: E402
 from orchard.recipes.bar import BARConfig  # noqa: E402
 from orchard.recipes.demo import Demo, DemoConfig, copy_model, pretrained  # noqa: E402
 from orchard.recipes.models import with_lora  # noqa: E402
+from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
 from orchard.recipes.rl import RLConfig  # noqa: E402
-from orchard.recipes.serving import PolicyServer  # noqa: E402
 
 RL_KEYS = {"lr": ("lr", float), "steps": ("steps", int), "epochs": ("ppo_epochs", int),
            "minibatches": ("minibatches", int), "batch": ("batch_prompts", int)}

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from common import base_parser, print_table, write_json  # noqa: E402
 
 from orchard.recipes.models import tiny_llama  # noqa: E402
-from orchard.recipes.serving import PolicyServer  # noqa: E402
+from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer  # noqa: E402
 
 

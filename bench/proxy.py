@@ -69,7 +69,7 @@ SESSIONS = ("warmup", "chat", "stream", "throughput")
 
 TEACHER_CODE = """\
 import sys, uvicorn
-from orchard.rollout.teacher import FunctionPolicy, create_teacher_app
+from orchard.testing.teacher import FunctionPolicy, create_teacher_app
 from orchard.rollout.tokenizer import load_tokenizer
 tokenizer_dir, reply, port, _tmp = sys.argv[1:5]
 app = create_teacher_app(FunctionPolicy(lambda messages, tools: reply),

@@ -72,8 +72,8 @@ from orchard.recipes.bar import BARConfig  # noqa: E402
 from orchard.recipes.demo import COMPACT_CONFIG  # noqa: E402
 from orchard.recipes.loss import ppo_clip_loss, shift, token_logprobs  # noqa: E402
 from orchard.recipes.models import tiny_llama  # noqa: E402
+from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
 from orchard.recipes.rl import RLConfig, _batch, policy_update, train_rl  # noqa: E402
-from orchard.recipes.serving import PolicyServer  # noqa: E402
 from orchard.recipes.sft import (  # noqa: E402
     SFTConfig,
     SFTExample,
@@ -83,9 +83,9 @@ from orchard.recipes.sft import (  # noqa: E402
     tokenize_conversation,
 )
 from orchard.recipes.trajectories import Trajectory, load_trajectories  # noqa: E402
-from orchard.rollout.minisweagent import config_from_specs  # noqa: E402
-from orchard.rollout.samples import Sample  # noqa: E402
+from orchard.rollout.agents.minisweagent import config_from_specs  # noqa: E402
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer  # noqa: E402
+from orchard.rollout.traces.samples import Sample  # noqa: E402
 from orchard.tasks.family import settings_family  # noqa: E402
 from orchard.tasks.model import Task  # noqa: E402
 

@@ -60,7 +60,7 @@ from orchard.recipes.rerank import (  # noqa: E402
     rerank_run,
     training_examples,
 )
-from orchard.rollout.minisweagent import config_from_specs  # noqa: E402
+from orchard.rollout.agents.minisweagent import config_from_specs  # noqa: E402
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer  # noqa: E402
 from orchard.tasks.bugfix_family import bugfix_family  # noqa: E402
 from orchard.tasks.model import Task  # noqa: E402

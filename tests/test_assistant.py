@@ -16,8 +16,6 @@ import pytest
 from orchard.env.client import AsyncSandboxClient, SandboxClient
 from orchard.eval import RunConfig, evaluate, make_harness
 from orchard.eval.results import read_results
-from orchard.rollout.policies import Reply
-from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.tasks.assistant import (
     CHECKS,
@@ -35,6 +33,8 @@ from orchard.tasks.assistant import (
 from orchard.tasks.assistant.judge import judge_prompt, keyword_judge
 from orchard.tasks.assistant.services.tools import TOOLS, ToolError, call
 from orchard.tasks.loaders import TaskLoadError
+from orchard.testing.policies import Reply
+from orchard.testing.teacher import FunctionPolicy, TeacherServer
 from tests.conftest import needs_root
 
 TASKS = {t.instance_id: t for t in load_assistant_tasks()}
@@ -288,7 +288,7 @@ for _ in range(20):
 def test_an_external_assistant_cli_runs_inside_the_sandbox(data_dir: Path, orchestrator: str,
                                                            tmp_path: Path) -> None:
     from orchard.eval.assistant_harness import AssistantCliHarness
-    from orchard.rollout.proxy import ProxySettings, create_proxy_app
+    from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
     from orchard.serving import ThreadedServer
     from orchard.tasks.assistant.teacher import assistant_teacher
     from tests.conftest import dedicated_orchestrator

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from orchard.env.client import InvalidRequest, Sandbox, SandboxClient
-from orchard.rollout.replay import replay
-from orchard.rollout.trace import build_trace
+from orchard.rollout.traces.replay import replay
+from orchard.rollout.traces.trace import build_trace
 from tests.conftest import needs_browser, needs_root
 from tests.fakekube.cluster import FakeCluster
 from tests.test_kubernetes_backend import create_ready, kube_orchestrator

@@ -179,8 +179,8 @@ def test_the_hindsight_judge_credits_the_fix_and_not_the_break() -> None:
     from orchard.recipes.credit import RetrospectiveAnnotator
     from orchard.recipes.domains import hindsight_judge
     from orchard.recipes.trajectories import Trajectory
-    from orchard.rollout.teacher import FunctionPolicy, TeacherServer
     from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+    from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
     def played(task: Task, script: list[list[str]]) -> Trajectory:
         messages: list[dict] = [{"role": "user", "content": task.problem_statement}]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchard.recipes.sft import tokenize_conversation
-from orchard.rollout.render import ChatRenderer
+from orchard.rollout.proxy.render import ChatRenderer
 from orchard.rollout.tokenizer import TEST_TOKENIZER, apply_template, load_tokenizer
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"

@@ -20,8 +20,8 @@ from orchard.recipes.credit import (
     key_steps,
 )
 from orchard.recipes.trajectories import Trajectory
-from orchard.rollout.teacher import FunctionPolicy, TeacherServer
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
 BASH_TOOL = {"type": "function", "function": {
     "name": "bash", "description": "Run a command",

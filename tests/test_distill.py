@@ -14,7 +14,6 @@ import torch
 
 from orchard.env.client import SandboxClient
 from orchard.eval.harness import MiniSweAgentHarness
-from orchard.recipes.batching import Job, generate
 from orchard.recipes.demo import COMPACT_CONFIG
 from orchard.recipes.distill import (
     distill_pairs,
@@ -24,11 +23,12 @@ from orchard.recipes.distill import (
     train_distill,
 )
 from orchard.recipes.models import tiny_llama
+from orchard.recipes.policy_server.batching import Job, generate
+from orchard.recipes.policy_server.server import PolicyServer
 from orchard.recipes.rl import RLConfig
-from orchard.recipes.serving import PolicyServer
-from orchard.rollout.minisweagent import config_from_specs
-from orchard.rollout.samples import Sample
+from orchard.rollout.agents.minisweagent import config_from_specs
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.rollout.traces.samples import Sample
 from orchard.tasks.family import settings_family
 from tests.conftest import needs_root
 

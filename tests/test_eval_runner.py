@@ -27,9 +27,9 @@ from orchard.eval import (
     read_results,
 )
 from orchard.eval.runner import RUN_LABEL
-from orchard.rollout.teacher import ScriptedPolicy, TeacherServer
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.tasks import RepoSource, Task, file_diff, load_tasks
+from orchard.testing.teacher import ScriptedPolicy, TeacherServer
 from tests.conftest import dedicated_orchestrator, needs_root, wait_until
 
 pytestmark = needs_root

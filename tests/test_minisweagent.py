@@ -21,13 +21,16 @@ import pytest
 from minisweagent.exceptions import Submitted
 
 from orchard.env.client import SandboxClient
-from orchard.rollout.minisweagent import (
+from orchard.rollout.agents.minisweagent import (
     OrchardEnvironment,
     SandboxUnavailable,
     run_task,
 )
-from orchard.rollout.proxy import ProxySettings, create_proxy_app
-from orchard.rollout.teacher import (
+from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.rollout.traces.trace import collect_trace
+from orchard.serving import ThreadedServer
+from orchard.testing.teacher import (
     FunctionPolicy,
     PolicyError,
     Reply,
@@ -35,9 +38,6 @@ from orchard.rollout.teacher import (
     TeacherServer,
     ToolCall,
 )
-from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-from orchard.rollout.trace import collect_trace
-from orchard.serving import ThreadedServer
 from tests.conftest import create_ready, needs_root
 
 ADMIN_KEY = "proxy-admin-key"  # reading the proxy's sessions takes it

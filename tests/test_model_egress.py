@@ -18,10 +18,10 @@ import pytest
 
 from orchard.env.backends.kubernetes.manifests import MODEL_EGRESS, MODEL_PROXY
 from orchard.env.server import EmbeddedOrchestrator
-from orchard.rollout.proxy import ProxySettings, create_proxy_app
-from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer
+from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
+from orchard.testing.teacher import Reply, ScriptedPolicy, TeacherServer
 from tests.conftest import (
     create_ready,
     dedicated_orchestrator,

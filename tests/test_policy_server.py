@@ -20,9 +20,9 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from orchard.recipes.models import load_policy, save_policy, tiny_llama
-from orchard.recipes.serving import PolicyEngine, PolicyServer
-from orchard.rollout.proxy import ProxySettings, create_proxy_app
-from orchard.rollout.render import parse_tool_calls
+from orchard.recipes.policy_server.server import PolicyEngine, PolicyServer
+from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
+from orchard.rollout.proxy.render import parse_tool_calls
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
 from tests.conftest import free_port
@@ -399,7 +399,7 @@ def test_the_command_line_serves_a_saved_folder(tok: PreTrainedTokenizerFast,
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "orchard.recipes.serving", "--model", str(folder),
+            [sys.executable, "-m", "orchard.recipes.policy_server.server", "--model", str(folder),
              "--port", str(port)],
             stdout=log, stderr=log)
         try:

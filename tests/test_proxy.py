@@ -19,12 +19,12 @@ import httpx
 import openai
 import pytest
 
-from orchard.rollout import upstream as upstream_module
-from orchard.rollout.proxy import ProxySettings, create_proxy_app
-from orchard.rollout.samples import build_samples
-from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCall
+from orchard.rollout.proxy import upstream as upstream_module
+from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.rollout.traces.samples import build_samples
 from orchard.serving import ThreadedServer
+from orchard.testing.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCall
 
 TOKENIZER = TEST_TOKENIZER
 ADMIN_KEY = "proxy-admin-key"  # reading sessions takes it

@@ -12,12 +12,12 @@ import httpx
 import openai
 import pytest
 
-from orchard.rollout.proxy import ProxySettings, create_proxy_app
-from orchard.rollout.render import ChatRenderer, parse_tool_calls
-from orchard.rollout.samples import build_samples
-from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCall
+from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
+from orchard.rollout.proxy.render import ChatRenderer, parse_tool_calls
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.rollout.traces.samples import build_samples
 from orchard.serving import ThreadedServer
+from orchard.testing.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCall
 
 ADMIN_KEY = "proxy-admin-key"  # reading the proxy's sessions takes it
 ADMIN = {"X-API-Key": ADMIN_KEY}

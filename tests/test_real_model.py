@@ -38,8 +38,8 @@ import openai
 import pytest
 
 from orchard.env.client import SandboxClient
-from orchard.rollout.proxy import ProxySettings, create_proxy_app
-from orchard.rollout.trace import collect_trace
+from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
+from orchard.rollout.traces.trace import collect_trace
 from orchard.serving import ThreadedServer
 from tests.conftest import free_port, needs_root
 
@@ -131,7 +131,7 @@ def test_real_model_calls_are_recorded_as_sent_and_answered(proxy: tuple[str, Pa
 @needs_root
 def test_mini_swe_agent_drives_the_real_model_in_a_sandbox(
         orchestrator: str, proxy: tuple[str, Path]) -> None:
-    from orchard.rollout.minisweagent import run_task
+    from orchard.rollout.agents.minisweagent import run_task
 
     url, store = proxy
     session = f"real-msa-{uuid.uuid4().hex[:6]}"
@@ -155,8 +155,8 @@ def test_vllm_tokens_are_recorded_exactly(tmp_path: Path) -> None:
     """A real engine's own token ids, through the proxy: the recorded prompt is the model
     tokenizer's encoding of the conversation, the completion decodes to the reply, and the
     samples either continue token for token or flag the turn where re-rendering drifted."""
-    from orchard.rollout.samples import build_samples
     from orchard.rollout.tokenizer import load_tokenizer
+    from orchard.rollout.traces.samples import build_samples
 
     assert VLLM_URL and VLLM_MODEL
     tok = load_tokenizer(Path(VLLM_MODEL))
@@ -206,8 +206,8 @@ def test_vllm_tokens_are_recorded_exactly(tmp_path: Path) -> None:
 def test_vllm_through_prompts_the_proxy_renders(tmp_path: Path) -> None:
     """--render-with: the chat template is applied by the proxy, vLLM sees token ids on
     /v1/completions; the harness still gets chat answers and the record is token-exact."""
-    from orchard.rollout.samples import build_samples
     from orchard.rollout.tokenizer import load_tokenizer
+    from orchard.rollout.traces.samples import build_samples
 
     assert VLLM_URL and VLLM_MODEL
     tok = load_tokenizer(Path(VLLM_MODEL))

@@ -21,16 +21,16 @@ from orchard.recipes.domains import hedged_teacher
 from orchard.recipes.loss import token_logprobs
 from orchard.recipes.models import tiny_llama
 from orchard.recipes.montecarlo import AgentContinuation, MonteCarloAnnotator
+from orchard.recipes.policy_server.server import PolicyServer
 from orchard.recipes.rl import PolicySampler, RLConfig, policy_update
-from orchard.recipes.serving import PolicyServer
 from orchard.recipes.sft import SFTConfig, build_sft_dataset
 from orchard.recipes.trajectories import Trajectory, load_trajectories
-from orchard.rollout.branch import branch
-from orchard.rollout.minisweagent import config_from_specs
-from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+from orchard.rollout.agents.minisweagent import config_from_specs
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.rollout.traces.branch import branch
 from orchard.tasks.family import settings_family
 from orchard.tasks.model import Task
+from orchard.testing.teacher import FunctionPolicy, TeacherServer
 from tests.conftest import needs_browser, needs_root
 
 pytestmark = needs_root

@@ -29,7 +29,7 @@ from orchard.recipes.rerank import (
 from orchard.recipes.sft import tokenize_conversation
 from orchard.recipes.trajectories import Trajectory, from_result
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-from orchard.rollout.trace import Trace
+from orchard.rollout.traces.trace import Trace
 from orchard.tasks import Task, file_diff, load_tasks
 
 CONFIG = ValueModelConfig(max_tokens=256, lr=3e-3, epochs=12, batch_size=8, hidden_size=64,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.rollout.recorder import BadSession, SessionStore
-from orchard.rollout.samples import build_samples
+from orchard.rollout.proxy.recorder import BadSession, SessionStore
+from orchard.rollout.traces.samples import build_samples
 
 
 def call(index: int, prompt: list[int], completion: list[int],

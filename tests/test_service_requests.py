@@ -18,8 +18,8 @@ from orchard.env.client import (
     SandboxClient,
     SandboxServiceTransport,
 )
-from orchard.rollout.replay import replay
-from orchard.rollout.trace import build_trace
+from orchard.rollout.traces.replay import replay
+from orchard.rollout.traces.trace import build_trace
 from tests.conftest import needs_root
 
 pytestmark = needs_root

@@ -330,7 +330,7 @@ def test_an_observation_target_does_not_move_the_loss(tok, trained: SimpleNamesp
 def test_lora_trains_the_adapters_only_and_is_served_merged(tok,
                                                            examples: list[SFTExample]) -> None:
     from orchard.recipes.models import served_weights, with_lora
-    from orchard.recipes.serving import PolicyServer
+    from orchard.recipes.policy_server.server import PolicyServer
 
     base = tiny_llama(tok, hidden_size=64, layers=2, heads=4)
     frozen = {k: v.clone() for k, v in base.state_dict().items()}

@@ -19,8 +19,8 @@ from orchard.env.client import (
     RetryPolicy,
     SandboxClient,
 )
-from orchard.rollout.replay import replay
-from orchard.rollout.trace import build_trace
+from orchard.rollout.traces.replay import replay
+from orchard.rollout.traces.trace import build_trace
 from tests.conftest import dedicated_orchestrator, needs_root, wait_until
 
 pytestmark = needs_root

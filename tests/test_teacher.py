@@ -10,13 +10,6 @@ import httpx
 import openai
 import pytest
 
-from orchard.rollout.teacher import (
-    FunctionPolicy,
-    Reply,
-    ScriptedPolicy,
-    TeacherServer,
-    ToolCall,
-)
 from orchard.rollout.tokenizer import (
     IM_END,
     IM_START,
@@ -24,6 +17,13 @@ from orchard.rollout.tokenizer import (
     build_test_tokenizer,
     load_tokenizer,
     token_bytes,
+)
+from orchard.testing.teacher import (
+    FunctionPolicy,
+    Reply,
+    ScriptedPolicy,
+    TeacherServer,
+    ToolCall,
 )
 
 TOKENIZER_DIR = TEST_TOKENIZER

@@ -25,13 +25,13 @@ from typer.testing import CliRunner
 from orchard.cli import app as cli_app
 from orchard.env.client import SandboxClient
 from orchard.env.schema import EventKind, SandboxEvent, SandboxStatus
-from orchard.rollout import export
-from orchard.rollout.proxy import ProxySettings, create_proxy_app
-from orchard.rollout.replay import REPLAY_LABEL, ReplayReport, replay
-from orchard.rollout.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCall
+from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-from orchard.rollout.trace import Trace, build_trace, collect_trace
+from orchard.rollout.traces import export
+from orchard.rollout.traces.replay import REPLAY_LABEL, ReplayReport, replay
+from orchard.rollout.traces.trace import Trace, build_trace, collect_trace
 from orchard.serving import ThreadedServer
+from orchard.testing.teacher import Reply, ScriptedPolicy, TeacherServer, ToolCall
 from tests.conftest import needs_root
 
 ADMIN_KEY = "proxy-admin-key"  # reading the proxy's sessions takes it

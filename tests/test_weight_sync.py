@@ -11,8 +11,8 @@ import torch
 from fastapi import FastAPI, Header, HTTPException
 
 from orchard.recipes.models import served_weights, tiny_llama, with_lora
-from orchard.recipes.serving import PolicyServer, RequestError
-from orchard.recipes.weight_sync import FolderSync, WeightSyncError
+from orchard.recipes.policy_server.server import PolicyServer, RequestError
+from orchard.recipes.policy_server.weight_sync import FolderSync, WeightSyncError
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
 

@@ -88,7 +88,7 @@ def proxy(
     """Run the recording proxy: harnesses use http://HOST:PORT/s/SESSION/v1 as their base URL."""
     import uvicorn
 
-    from orchard.rollout.proxy import ProxySettings, create_proxy_app
+    from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
 
     app_ = create_proxy_app(ProxySettings(upstreams=upstream, store=store, api_key=api_key,
                                           render_with=render_with, admin_key=admin_key))

@@ -272,7 +272,7 @@ def eval_(
         run_table,
     )
     from orchard.eval.progress import RunProgress
-    from orchard.rollout.minisweagent import config_from_specs
+    from orchard.rollout.agents.minisweagent import config_from_specs
 
     domain = _domain(tasks)
     loaded: list[Task] | list[WebTask] | list[AssistantTask] = (

@@ -18,7 +18,7 @@ from orchard.cli._common import friendly_errors, stderr
 from orchard.env.client import SandboxClient
 
 if TYPE_CHECKING:
-    from orchard.rollout.trace import Trace
+    from orchard.rollout.traces.trace import Trace
 
 app = typer.Typer(no_args_is_help=True,
                   help="Rollout traces: show, export (JSONL, Parquet, SWE rows), replay.")
@@ -65,7 +65,7 @@ def _trace_errors() -> Iterator[None]:
 
 def _collect_trace(client: SandboxClient, rollout: str, proxy: str | None,
                    proxy_key: str | None) -> Trace:
-    from orchard.rollout.trace import collect_trace
+    from orchard.rollout.traces.trace import collect_trace
 
     source: str | Path | None = proxy
     if proxy is not None and not re.match(r"^https?://", proxy):
@@ -124,7 +124,7 @@ def trace_export(
     api_key: _TraceApiKey = None,
 ) -> None:
     """Export rollouts' traces to a file."""
-    from orchard.rollout import export
+    from orchard.rollout.traces import export
 
     with _trace_errors(), _trace_client(ctx, orchestrator, api_key) as client:
         if format_ == "jsonl":
@@ -170,8 +170,8 @@ def trace_replay(
     api_key: _TraceApiKey = None,
 ) -> None:
     """Redo rollouts' sandbox actions in fresh sandboxes; exit 1 if an outcome differs."""
-    from orchard.rollout.export import iter_jsonl
-    from orchard.rollout.replay import replay
+    from orchard.rollout.traces.export import iter_jsonl
+    from orchard.rollout.traces.replay import replay
 
     diverged = False
     found = False

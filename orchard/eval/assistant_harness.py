@@ -29,7 +29,7 @@ from orchard.tasks.assistant.teacher import assistant_teacher
 
 
 class AssistantHarness:
-    """``orchard.rollout.assistant_agent`` on the rollout's sandbox, calling ``model`` at the
+    """``orchard.rollout.agents.assistant_agent`` on the rollout's sandbox, calling ``model`` at the
     rollout's model URL (the recording proxy's session), with the task's tools and budget."""
 
     name = "assistant"
@@ -44,7 +44,7 @@ class AssistantHarness:
         """Scores the rubric of tasks that have one: the reward becomes base + 0.5 J."""
 
     def run(self, ctx: RolloutContext) -> HarnessResult:
-        from orchard.rollout.assistant_agent import run_assistant
+        from orchard.rollout.agents.assistant_agent import run_assistant
 
         task = ctx.task
         if not isinstance(task, AssistantTask):

@@ -100,7 +100,7 @@ def evaluate(tasks: Sequence[AnyTask], harness: Harness, out: Path,
         if hasattr(harness, "__enter__"):
             stack.enter_context(harness)  # type: ignore[arg-type]
         if harness.model_upstream is not None and proxy_url is None:
-            from orchard.rollout.proxy import ProxySettings, create_proxy_app
+            from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
             from orchard.serving import ThreadedServer
 
             settings = ProxySettings(upstreams=[harness.model_upstream], store=out / "calls",
@@ -109,7 +109,7 @@ def evaluate(tasks: Sequence[AnyTask], harness: Harness, out: Path,
             proxy_url, proxy_key = proxy.start(), settings.admin_key
             stack.callback(proxy.stop)
         elif proxy_url is not None:
-            from orchard.rollout.trace import check_proxy_key
+            from orchard.rollout.traces.trace import check_proxy_key
 
             check_proxy_key(proxy_url, proxy_key)  # before any rollout, not in each trace
         runner = Runner(config, tasks, harness, client, proxy_url=proxy_url,

@@ -28,11 +28,11 @@ from typing import Any, Protocol, Self
 from pydantic import BaseModel
 
 from orchard.env.client import Sandbox, SandboxClient
-from orchard.rollout.policies import stable_share
 from orchard.tasks.assistant.model import AssistantTask
 from orchard.tasks.model import Task
 from orchard.tasks.web.model import WebTask
 from orchard.tasks.workspace import Workspace, open_task_sandbox, prepare_workspace
+from orchard.testing.policies import stable_share
 
 PATCH_LIMIT = 8 << 20
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -222,7 +222,7 @@ class MiniSweAgentHarness:
         only takes token-id prompts on /v1/completions (the policy server, vLLM)."""
 
     def run(self, ctx: RolloutContext) -> HarnessResult:
-        from orchard.rollout.minisweagent import run_task
+        from orchard.rollout.agents.minisweagent import run_task
 
         if ctx.model_url is None:
             raise HarnessError("mini-swe-agent needs a model URL; the runner gives the "
@@ -263,8 +263,8 @@ class ScriptedTeacher:
         raise NotImplementedError
 
     def __enter__(self) -> Self:
-        from orchard.rollout.teacher import FunctionPolicy, TeacherServer
         from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+        from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
         self._server = TeacherServer(FunctionPolicy(self.policy), load_tokenizer(TEST_TOKENIZER),
                                      model_name=self.model)
@@ -326,7 +326,7 @@ class TeacherHarness(ScriptedTeacher, MiniSweAgentHarness):
         return self._rng.choices([s for _, s in agree], [w for w, _ in agree])[0]
 
     def policy(self, messages: list[dict[str, Any]], tools: Any) -> Any:
-        from orchard.rollout.teacher import Reply, ToolCall
+        from orchard.testing.teacher import Reply, ToolCall
 
         task = self._task_of(messages)
         turn = sum(1 for m in messages if m["role"] == "assistant")

@@ -268,7 +268,7 @@ class Runner:
             result.resolved, result.reward = result.grade.resolved, result.grade.reward
 
     def _trace(self, result: RolloutResult, judge_calls: list[dict[str, Any]]) -> None:
-        from orchard.rollout.trace import collect_trace
+        from orchard.rollout.traces.trace import collect_trace
 
         try:
             trace = collect_trace(result.rollout_id, self.client, self.proxy_url, metadata={

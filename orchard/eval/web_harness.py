@@ -24,7 +24,7 @@ from orchard.tasks.web.teacher import web_teacher
 
 
 class BrowserAgentHarness:
-    """``orchard.rollout.browser_agent`` on the rollout's sandbox, calling ``model`` at the
+    """``orchard.rollout.agents.browser_agent`` on the rollout's sandbox, calling ``model`` at the
     rollout's model URL (the recording proxy's session), within the task's budget."""
 
     name = "browser-agent"
@@ -39,7 +39,7 @@ class BrowserAgentHarness:
         only takes token-id prompts (the policy server)."""
 
     def run(self, ctx: RolloutContext) -> HarnessResult:
-        from orchard.rollout.browser_agent import run_browser_agent
+        from orchard.rollout.agents.browser_agent import run_browser_agent
 
         task = ctx.task
         if not isinstance(task, WebTask):

@@ -35,6 +35,7 @@ from orchard.recipes.montecarlo import (
     Continuation,
     MonteCarloAnnotator,
 )
+from orchard.recipes.policy_server.server import PolicyEngine, PolicyServer
 from orchard.recipes.rerank import (
     ValueModel,
     ValueModelConfig,
@@ -43,7 +44,6 @@ from orchard.recipes.rerank import (
     rerank_run,
 )
 from orchard.recipes.rl import PolicySampler, RLConfig, policy_update, train_rl
-from orchard.recipes.serving import PolicyEngine, PolicyServer
 from orchard.recipes.sft import (
     ChatTemplateError,
     SFTConfig,

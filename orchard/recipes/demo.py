@@ -42,6 +42,7 @@ from orchard.recipes.credit import RetrospectiveAnnotator
 from orchard.recipes.domains import demo_domain, hindsight_judge
 from orchard.recipes.models import load_policy, tiny_llama, with_lora
 from orchard.recipes.montecarlo import MonteCarloAnnotator
+from orchard.recipes.policy_server.server import PolicyServer
 from orchard.recipes.rerank import (
     ValueModel,
     ValueModelConfig,
@@ -50,14 +51,13 @@ from orchard.recipes.rerank import (
     training_examples,
 )
 from orchard.recipes.rl import RLConfig, train_rl
-from orchard.recipes.serving import PolicyServer
 from orchard.recipes.sft import SFTConfig, build_sft_dataset, save_examples, sft_train
 from orchard.recipes.trajectories import load_trajectories
-from orchard.rollout.minisweagent import config_from_specs
-from orchard.rollout.policies import Policy
-from orchard.rollout.teacher import FunctionPolicy, TeacherServer
+from orchard.rollout.agents.minisweagent import config_from_specs
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.tasks.assistant.judge import RubricJudge, keyword_judge
+from orchard.testing.policies import Policy
+from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
 COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 

@@ -29,9 +29,9 @@ import torch
 from orchard.env.client import SandboxClient
 from orchard.eval.harness import AnyTask, Harness
 from orchard.recipes.loss import pad_id_of, token_logprobs
+from orchard.recipes.policy_server.weight_sync import ServesWeights
 from orchard.recipes.rl import PolicySampler, RLConfig, log_step, policy_update
-from orchard.recipes.weight_sync import ServesWeights
-from orchard.rollout.samples import Sample
+from orchard.rollout.traces.samples import Sample
 
 
 @torch.no_grad()

@@ -25,7 +25,6 @@ from orchard.recipes.montecarlo import (
     BrowserContinuation,
     Continuation,
 )
-from orchard.rollout.policies import Policy, Reply, ToolCall
 from orchard.tasks.assistant import load_assistant_tasks
 from orchard.tasks.assistant.judge import RubricJudge
 from orchard.tasks.assistant.teacher import hedged_assistant_teacher
@@ -34,6 +33,7 @@ from orchard.tasks.family import settings_family
 from orchard.tasks.model import Task
 from orchard.tasks.web import load_web_tasks
 from orchard.tasks.web.teacher import hedged_web_teacher
+from orchard.testing.policies import Policy, Reply, ToolCall
 
 
 class DemoDomain(Protocol):

@@ -20,8 +20,8 @@ from typing import Any, Literal, Protocol
 from orchard.env.client import Sandbox, SandboxClient
 from orchard.recipes.credit import ValueCurve, interpolate, key_steps
 from orchard.recipes.trajectories import Trajectory
-from orchard.rollout.branch import branch, delete_all, restore
-from orchard.rollout.trace import Trace
+from orchard.rollout.traces.branch import branch, delete_all, restore
+from orchard.rollout.traces.trace import Trace
 from orchard.tasks.assistant.grading import grade_assistant
 from orchard.tasks.assistant.model import SERVICES_PORT, AssistantTask
 from orchard.tasks.grading import grade
@@ -55,7 +55,7 @@ class AgentContinuation:
 
     def __call__(self, task: Task, sandbox: Sandbox, history: list[dict[str, Any]],
                  sample: int, labels: dict[str, str]) -> str:
-        from orchard.rollout.minisweagent import run_task
+        from orchard.rollout.agents.minisweagent import run_task
 
         base = sandbox.exec("git rev-parse HEAD", cwd=task.workdir, timeout=60).stdout.strip()
         done = run_task(
@@ -82,7 +82,7 @@ class BrowserContinuation:
 
     def __call__(self, task: WebTask, sandbox: Sandbox, history: list[dict[str, Any]],
                  sample: int, labels: dict[str, str]) -> str:
-        from orchard.rollout.browser_agent import run_browser_agent
+        from orchard.rollout.agents.browser_agent import run_browser_agent
 
         done = sum(1 for m in history if m.get("role") == "assistant")
         result = run_browser_agent(
@@ -101,7 +101,7 @@ class AssistantContinuation:
 
     def __call__(self, task: AssistantTask, sandbox: Sandbox, history: list[dict[str, Any]],
                  sample: int, labels: dict[str, str]) -> str:
-        from orchard.rollout.assistant_agent import run_assistant
+        from orchard.rollout.agents.assistant_agent import run_assistant
 
         done = sum(1 for m in history if m.get("role") == "assistant")
         result = run_assistant(sandbox, task.goal, self.model_url, self.model,

@@ -45,9 +45,9 @@ from orchard.recipes.bar import (
     grpo_advantages,
 )
 from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, token_logprobs
-from orchard.recipes.serving import PolicyServer
-from orchard.recipes.weight_sync import ServesWeights
-from orchard.rollout.samples import Sample, build_samples
+from orchard.recipes.policy_server.server import PolicyServer
+from orchard.recipes.policy_server.weight_sync import ServesWeights
+from orchard.rollout.traces.samples import Sample, build_samples
 
 # How a harness's exit maps to BAR's statuses. A rollout that failed (environment, model,
 # harness) is aborted, and so is one whose exit this table does not know: a status nobody

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from orchard.eval.results import RolloutResult, read_results
-from orchard.rollout.export import swe_row
-from orchard.rollout.trace import Trace
+from orchard.rollout.traces.export import swe_row
+from orchard.rollout.traces.trace import Trace
 
 
 @dataclass

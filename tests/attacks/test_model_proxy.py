@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from orchard.rollout.proxy import ProxySettings, create_proxy_app
+from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
 from orchard.serving import ThreadedServer
 from tests.conftest import create_ready, dedicated_orchestrator, needs_root, run
 
@@ -339,7 +339,7 @@ def test_a_peer_cannot_reach_control_routes_through_the_proxy(stack: Stack) -> N
 
 def test_a_peer_cannot_load_weights_into_the_policy_server(tmp_path: Path) -> None:
     from orchard.recipes.models import save_policy, tiny_llama
-    from orchard.recipes.serving import PolicyServer
+    from orchard.recipes.policy_server.server import PolicyServer
     from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 
     tok = load_tokenizer(TEST_TOKENIZER)

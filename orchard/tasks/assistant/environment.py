@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard.env.client import OrchardError, Sandbox
-from orchard.rollout.assistant_agent import call_tool as call_tool_on
+from orchard.rollout.agents.assistant_agent import call_tool as call_tool_on
 from orchard.tasks.assistant.model import SERVICES_PORT, AssistantTask
 from orchard.tasks.served import wait_serving
 

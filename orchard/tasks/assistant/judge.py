@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import httpx
 
-from orchard.rollout.policies import Reply, Tools
 from orchard.tasks.assistant.model import AssistantTask
+from orchard.testing.policies import Reply, Tools
 
 JUDGE_WEIGHT = 0.5
 SYSTEM = ("You grade a personal assistant's work against a rubric. Read the user's request, "

@@ -1,7 +1,7 @@
 """A scripted assistant teacher: a model policy that makes each task's gold tool calls.
 
-Served by the teacher model server (``orchard.rollout.teacher``), it drives the assistant loop
-(``orchard.rollout.assistant_agent``) like a model would: it reads the request to know the
+Served by the teacher model server (``orchard.testing.teacher``), it drives the assistant loop
+(``orchard.rollout.agents.assistant_agent``) like a model would: it reads the request to know the
 task, then answers each turn with the gold run's next tool call, and ``finish`` (with the gold
 answer) after the last. It solves a ``solve`` share of the tasks, picked by a stable hash of
 their ids, and on the others makes the first half of the calls, then finishes without an
@@ -18,7 +18,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchard.rollout.policies import (
+from orchard.tasks.assistant.model import AssistantTask
+from orchard.testing.policies import (
     Messages,
     Policy,
     PolicyError,
@@ -27,7 +28,6 @@ from orchard.rollout.policies import (
     Tools,
     stable_share,
 )
-from orchard.tasks.assistant.model import AssistantTask
 
 
 def assistant_teacher(tasks: Sequence[AssistantTask], solve: float = 1.0) -> Policy:

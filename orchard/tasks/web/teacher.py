@@ -1,13 +1,13 @@
 """A scripted web teacher: a model policy that plays each task's gold run as tool calls.
 
-Served by the teacher model server (``orchard.rollout.teacher``), it drives the browser agent
-(``orchard.rollout.browser_agent``) like a model would: it reads the goal to know the task, the
-latest page to find each gold step's element, and answers with one ``browser`` call, then
-``finish`` (with the answer, for a question). It solves a ``solve`` share of the tasks, picked
-by a stable hash of their ids (as the SWE teacher does), and on the others plays the first half
-of the gold run, then finishes with no answer: a failed rollout that made progress, which is
-what credit assignment learns from. So a run's resolved rate is known in advance and does not
-depend on the order in which concurrent rollouts reach it.
+Served by the teacher model server (``orchard.testing.teacher``), it drives the browser agent
+(``orchard.rollout.agents.browser_agent``) like a model would: it reads the goal to know the
+task, the latest page to find each gold step's element, and answers with one ``browser``
+call, then ``finish`` (with the answer, for a question). It solves a ``solve`` share of the
+tasks, picked by a stable hash of their ids (as the SWE teacher does), and on the others plays
+the first half of the gold run, then finishes with no answer: a failed rollout that made
+progress, which is what credit assignment learns from. So a run's resolved rate is known in
+advance and does not depend on the order in which concurrent rollouts reach it.
 
 ``hedged_web_teacher`` is the Monte-Carlo continuation policy: from wherever a recorded rollout
 hands over, each call takes the gold run's next step with probability ``solve`` and otherwise
@@ -21,7 +21,9 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchard.rollout.policies import (
+from orchard.tasks.web.grading import element_id
+from orchard.tasks.web.model import WebTask
+from orchard.testing.policies import (
     Messages,
     Policy,
     PolicyError,
@@ -30,8 +32,6 @@ from orchard.rollout.policies import (
     Tools,
     stable_share,
 )
-from orchard.tasks.web.grading import element_id
-from orchard.tasks.web.model import WebTask
 
 
 def _text(message: dict[str, Any]) -> str:

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 from orchard.env.client import OrchardError, Sandbox, SandboxClient
 from orchard.env.schema import EventKind
-from orchard.rollout.replay import ReplayReport, replay
-from orchard.rollout.trace import Trace
+from orchard.rollout.traces.replay import ReplayReport, replay
+from orchard.rollout.traces.trace import Trace
 
 
 def state_seq(trace: Trace, step: int, sandbox_id: str) -> int | None:

@@ -43,12 +43,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.http_guard import HostOriginGuard
 from orchard.inference_routes import method_of, routes
-from orchard.rollout.answers import assemble_stream, token_view
-from orchard.rollout.openai_wire import error_body
-from orchard.rollout.recorder import BadSession, SessionStore, check_session
-from orchard.rollout.render import ChatRenderer, RenderError, chat_stream
-from orchard.rollout.samples import samples_json
-from orchard.rollout.upstream import Upstream, UpstreamError, UpstreamResponse, UpstreamTimeout
+from orchard.rollout.proxy.answers import assemble_stream, token_view
+from orchard.rollout.proxy.recorder import BadSession, SessionStore, check_session
+from orchard.rollout.proxy.render import ChatRenderer, RenderError, chat_stream
+from orchard.rollout.proxy.upstream import (
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
+from orchard.rollout.proxy.wire import error_body
+from orchard.rollout.traces.samples import samples_json
 from orchard.serving import admin_key_refusal, new_admin_key
 from orchard.version import __version__
 
@@ -76,7 +81,8 @@ class ProxySettings(BaseModel):
     render_with: str | Path | None = Field(
         None, description="A tokenizer (directory or Hugging Face name) whose chat template "
         "renders chat requests here, sent upstream as token-id prompts to /v1/completions "
-        "(see orchard/rollout/render.py); for upstreams whose chat endpoint gives no token ids.")
+        "(see orchard/rollout/proxy/render.py); for upstreams whose chat endpoint gives no "
+        "token ids.")
     allowed_hosts: list[str] = Field(
         ["*"], description="Host names the proxy answers (see orchard/http_guard.py). Any by "
         "default: sandboxes call it by whatever name reaches it, and what a rebinding page could "

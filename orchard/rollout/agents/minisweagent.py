@@ -57,7 +57,7 @@ from orchard.env.client import (  # noqa: E402
     WaitTimeout,
 )
 from orchard.env.schema import SESSION_PATTERN  # noqa: E402
-from orchard.rollout.proxy import SESSION_HEADER
+from orchard.rollout.proxy.app import SESSION_HEADER
 
 log = logging.getLogger(__name__)
 

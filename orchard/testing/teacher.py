@@ -34,8 +34,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from transformers import PreTrainedTokenizerFast
 
-from orchard.rollout.openai_wire import envelope, error_body, sse, usage
-from orchard.rollout.policies import (
+from orchard.rollout.proxy.wire import envelope, error_body, sse, usage
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.serving import ThreadedServer
+from orchard.testing.policies import (
     FunctionPolicy,
     Policy,
     PolicyError,
@@ -44,9 +46,7 @@ from orchard.rollout.policies import (
     ScriptExhausted,
     ToolCall,
 )
-from orchard.rollout.teacher_engine import Engine, Generation, TeacherError
-from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-from orchard.serving import ThreadedServer
+from orchard.testing.teacher_engine import Engine, Generation, TeacherError
 
 # The policies are the teacher's public API too: TeacherServer(ScriptedPolicy([...])).
 __all__ = ["FunctionPolicy", "Policy", "PolicyError", "Reply", "ScriptExhausted",
@@ -295,7 +295,7 @@ class TeacherServer(ThreadedServer):
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m orchard.rollout.teacher",
+        prog="python -m orchard.testing.teacher",
         description="Serve a scripted OpenAI-compatible model (the teacher).")
     parser.add_argument("script", type=Path,
                         help="JSON list of replies: strings, or {content, tool_calls}")

@@ -26,7 +26,7 @@ from orchard.env.client import OrchardError, SandboxClient
 from orchard.env.client.sync_client import Sandbox
 from orchard.env.http_schema import ServiceRequest
 from orchard.env.schema import EventKind, SandboxEvent
-from orchard.rollout.trace import Trace
+from orchard.rollout.traces.trace import Trace
 
 REPLAY_LABEL = "orchard-replay-of"
 # Nothing to redo: they change no file (a snapshot or a pause leaves the files as they are).

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from orchard.env.client import Sandbox
-from orchard.rollout.tool_loop import ToolLoopResult, ToolRefused, run_tool_loop, tool_reply
+from orchard.rollout.agents.tool_loop import ToolLoopResult, ToolRefused, run_tool_loop, tool_reply
 
 SYSTEM = (
     "You are {name}'s personal assistant. Through tools you read and change their mail, "

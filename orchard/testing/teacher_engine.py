@@ -18,8 +18,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from orchard.rollout.policies import Messages, Policy, PolicyError, Reply, Tools, as_reply
 from orchard.rollout.tokenizer import apply_template, token_bytes
+from orchard.testing.policies import Messages, Policy, PolicyError, Reply, Tools, as_reply
 
 log = logging.getLogger(__name__)
 

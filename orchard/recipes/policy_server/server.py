@@ -1,7 +1,7 @@
 """Serving the policy being trained: vLLM's `/v1/completions` with token-id prompts, on CPU.
 
 The recording proxy renders chat requests with the model's chat template into token ids
-(`orchard proxy --render-with DIR`, see orchard/rollout/render.py), sends them here with
+(`orchard proxy --render-with DIR`, see orchard/rollout/proxy/render.py), sends them here with
 `logprobs=1, return_token_ids=True` and turns the answer back into a chat answer, so the whole
 harness <-> proxy <-> policy path records the exact tokens and log-probs. On GPUs, vLLM and
 SGLang serve the same endpoint and the same proxy flag works against them.
@@ -21,9 +21,10 @@ so the trainer must compute its new ones the same way (raw logits, same dtype: b
 differ between a cached and a full forward by more than float32 ones); sampling at a temperature
 other than 1 or with top-p/top-k makes the behaviour policy differ from these log-probs.
 
-Requests that overlap decode together (orchard/recipes/batching.py): up to ``max_batch`` (8)
-waiting requests form one batch, each row with its own sampling settings and seed, and each
-answers what it would alone, up to float error. ``max_batch=1`` decodes one at a time.
+Requests that overlap decode together (orchard/recipes/policy_server/batching.py): up to
+``max_batch`` (8) waiting requests form one batch, each row with its own sampling settings and
+seed, and each answers what it would alone, up to float error. ``max_batch=1`` decodes one at a
+time.
 
 Weights change between RL steps: :meth:`PolicyServer.update` (in-process) or
 `POST /v1/load_weights {"path": DIR}` (a trainer in another process saves a model folder, see
@@ -38,7 +39,7 @@ restart on the new checkpoint; SGLang: `/update_weights_from_disk`).
     with PolicyServer(tiny_llama(tok), tok) as server:
         proxy = ProxySettings(upstreams=[server.url], store=..., render_with=TOKENIZER_DIR)
 
-    ORCHARD_POLICY_KEY=... python -m orchard.recipes.serving --model DIR --port 8000
+    ORCHARD_POLICY_KEY=... python -m orchard.recipes.policy_server.server --model DIR --port 8000
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ from starlette.concurrency import run_in_threadpool
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from orchard.http_guard import HostOriginGuard
-from orchard.recipes.batching import Batcher, Generation, Job
 from orchard.recipes.loss import pad_id_of
 from orchard.recipes.models import load_policy, served_weights
-from orchard.rollout.openai_wire import envelope, error_body, usage
+from orchard.recipes.policy_server.batching import Batcher, Generation, Job
+from orchard.rollout.proxy.wire import envelope, error_body, usage
 from orchard.rollout.tokenizer import token_bytes
 from orchard.serving import ThreadedServer, admin_key_refusal, new_admin_key
 
@@ -376,7 +377,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "auto": None}
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m orchard.recipes.serving",
+        prog="python -m orchard.recipes.policy_server.server",
         description="Serve a policy model on /v1/completions (token-id prompts, vLLM-style).")
     parser.add_argument("--model", required=True, type=Path,
                         help="a model folder with its tokenizer (save_policy / save_pretrained)")

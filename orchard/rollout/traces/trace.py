@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from orchard.env.client import SandboxClient
 from orchard.env.schema import EventKind, SandboxEvent
-from orchard.rollout.recorder import SessionStore, check_session
+from orchard.rollout.proxy.recorder import SessionStore, check_session
 
 
 class TraceStep(BaseModel):

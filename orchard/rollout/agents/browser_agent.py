@@ -17,7 +17,7 @@ import httpx
 
 from orchard.env.browser_schema import BrowserObservation
 from orchard.env.client import InvalidRequest, Sandbox
-from orchard.rollout.tool_loop import ToolLoopResult, ToolRefused, run_tool_loop, tool_reply
+from orchard.rollout.agents.tool_loop import ToolLoopResult, ToolRefused, run_tool_loop, tool_reply
 
 SYSTEM = (
     "You operate a web browser to reach a goal. Each turn you see the page as an "
@@ -63,7 +63,7 @@ def run_browser_agent(sandbox: Sandbox, goal: str, start_url: str, model_url: st
     """Run the loop (see the module doc); ``model_url`` is an OpenAI base URL ending in /v1.
 
     ``history``: carry on a recorded conversation instead of starting at ``start_url``, in a
-    sandbox whose browser is where that conversation left it (``orchard.rollout.branch``)."""
+    sandbox whose browser is where that conversation left it (``orchard.rollout.traces.branch``)."""
     if history:
         messages = [dict(m) for m in history]
     else:

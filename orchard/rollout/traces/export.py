@@ -5,7 +5,7 @@ Orchard SWE schema (``tools``, ``messages``, ``metadata``) as JSONL rows or a Hu
 A SWE row is the conversation as the harness last sent it: the last successful chat call's
 request messages plus the assistant message it got back. Earlier calls are prefixes of it for
 a harness that keeps its history; token-level samples (and the drift between turns) come from
-``orchard.rollout.samples``, whose drift report goes into the row's metadata.
+``orchard.rollout.traces.samples``, whose drift report goes into the row's metadata.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchard.rollout.samples import build_samples
-from orchard.rollout.trace import Trace
+from orchard.rollout.traces.samples import build_samples
+from orchard.rollout.traces.trace import Trace
 
 if TYPE_CHECKING:
     import datasets

@@ -1,0 +1,1 @@
+"""Agent loops: what drives a model against a sandbox, one loop per kind of agent."""
