@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from orchard.recipes.policy_server.weight_sync import ServesWeights
-
 if TYPE_CHECKING:
     from accelerate import Accelerator
+
+    from orchard.recipes.policy_server.weight_sync import ServesWeights
 
 Data = TypeVar("Data", bound=Sequence[Any])
 
