@@ -1,5 +1,7 @@
-"""Recipes: training methods on top of rollouts (credit-assignment SFT, BAR RL, value-model
-reranking) and the reference loop that runs them end to end."""
+"""Recipes: training methods on top of rollouts (credit-assignment SFT, BAR RL, on-policy
+distillation, value-model reranking), the training loop they share (``loop``: one optimizer
+step, one sample -> update -> sync -> log loop), the policy server they train against
+(``policy_server``) and the reference pipeline that runs them end to end (``demo``)."""
 
 from orchard.extras import require
 

@@ -11,7 +11,8 @@ One step, top to bottom:
    the student's tokens with the log-probs it sampled them with.
 2. The teacher scores the same token ids in one forward pass each (``teacher_logprobs``).
 3. Per-token advantages A_t = lp_teacher - lp_student (``distill_pairs``), no baseline.
-4. The PPO-clip update of ``rl.policy_update`` with those per-token advantages.
+4. The PPO-clip update of ``rl.policy_update`` with those per-token advantages; then the new
+   weights go to the server. The loop around the steps is RL's, ``loop.train_loop``.
 
     teacher_lp = teacher_logprobs(teacher, samples)
     stats = policy_update(student, optimizer, distill_pairs(samples, teacher_lp), config, pad)

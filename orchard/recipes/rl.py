@@ -273,11 +273,14 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
                       log=out / "rl.jsonl", on_step=on_step)
 
 
-def sample_groups(tasks: Sequence[AnyTask], sampler: PolicySampler, rng: random.Random,
-                  config: RLConfig) -> tuple[list[tuple[Sample, Advantage]], dict[str, Any]]:
+def sample_groups(tasks: Sequence[AnyTask], sampler: Callable[[AnyTask, int], list[Rollout]],
+                  rng: random.Random, config: RLConfig
+                  ) -> tuple[list[tuple[Sample, Advantage]], dict[str, Any]]:
     """One step's rollouts: BAR groups on prompts drawn from ``tasks`` until
-    ``config.batch_prompts`` groups are kept. Returns their (sample, GRPO advantage) pairs and
-    a record of the sampling (groups kept, drops and why, BAR's modes, rewards)."""
+    ``config.batch_prompts`` groups are kept; ``sampler(task, k)`` gives k new rollouts whose
+    payload is (result, samples), as ``PolicySampler`` does. Returns their (sample, GRPO
+    advantage) pairs and a record of the sampling (groups kept, drops and why, BAR's modes,
+    rewards)."""
     built: list[GroupResult] = []
 
     def make_group(task: AnyTask) -> list[Rollout]:
