@@ -269,7 +269,8 @@ def test_template_vars_and_serialize(env: OrchardEnvironment) -> None:
     assert (tv["system"], tv["release"], tv["machine"]) == ("Linux", *uname)
     assert tv["cwd"] == "/workspace" and tv["extra"] == "x" and tv["sandbox_id"] == env.sandbox_id
     data = env.serialize()["info"]
-    assert data["config"]["environment_type"] == "orchard.rollout.minisweagent.OrchardEnvironment"
+    assert data["config"]["environment_type"] == (
+        "orchard.rollout.agents.minisweagent.OrchardEnvironment")
     assert data["sandbox_id"] == env.sandbox_id
     assert "api_key" not in data["config"]["environment"] and "api_key" not in tv
 
