@@ -17,7 +17,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TWINS = {Path("orchard/env/client/async_client.py"): Path("orchard/env/client/sync_client.py")}
+CLIENT = Path("orchard/env/client")
+TWINS = {
+    CLIENT / "async_client.py": CLIENT / "sync_client.py",
+    CLIENT / "async_pty.py": CLIENT / "sync_pty.py",
+}
 
 RULES = [
     (r"\basync (def|with|for)\b", r"\1"),
@@ -28,6 +32,7 @@ RULES = [
     (r"\ba(close|closing|read|iter_lines|iter_bytes|connect_ws)\b", r"\1"),
     (r"\benter_async_context\b", "enter_context"),
     (r"\b_async_io\b", "_sync_io"),
+    (r"\basync_pty\b", "sync_pty"),
 ]
 _COMPILED = [(re.compile(pattern), replacement) for pattern, replacement in RULES]
 

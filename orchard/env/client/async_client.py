@@ -1,4 +1,4 @@
-"""The client: :class:`AsyncSandboxClient`, its :class:`AsyncSandbox` handles and terminals.
+"""The client: :class:`AsyncSandboxClient` and its :class:`AsyncSandbox` handles.
 
 Example::
 
@@ -21,25 +21,17 @@ from pathlib import Path
 from typing import Any, Self, TypeVar, Unpack
 
 import httpx
-import wsproto.events
-from httpx_ws import (
-    AsyncWebSocketSession,
-    WebSocketDisconnect,
-    WebSocketNetworkError,
-    WebSocketUpgradeError,
-    aconnect_ws,
-)
 
 from orchard.env import browser_schema, http_schema, schema
 from orchard.env.client import errors
 from orchard.env.client._async_io import (
     for_each,
     open_file,
-    receive,
     remove_file,
     replace_file,
     sleep,
 )
+from orchard.env.client.async_pty import AsyncPtySession
 from orchard.env.client.base import (
     CHUNK_SIZE,
     DEFAULT_READY_TIMEOUT,
@@ -55,9 +47,6 @@ from orchard.env.client.calls import (
     ExecOptions,
     exec_request,
     parse_event,
-    pty_exit_code,
-    pty_refused,
-    pty_resize_message,
 )
 from orchard.env.client.http_errors import download_errors, wire_errors
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
@@ -478,66 +467,3 @@ async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
     async with await open_file(path, "rb") as f:
         while chunk := await f.read(CHUNK_SIZE):
             yield chunk
-
-
-class AsyncPtySession:
-    """An interactive terminal: :meth:`send` keystrokes, :meth:`recv` what the screen shows.
-
-    Get one from :meth:`AsyncSandbox.pty`.
-    """
-
-    def __init__(self, ws: AsyncWebSocketSession, stack: contextlib.AsyncExitStack) -> None:
-        self.exit_code: int | None = None
-        self._done = False
-        self._ws = ws
-        self._stack = stack
-
-    @classmethod
-    async def open(
-        cls, http: httpx.AsyncClient, path: str, params: dict[str, str | int]
-    ) -> AsyncPtySession:
-        stack = contextlib.AsyncExitStack()
-        try:
-            ws: AsyncWebSocketSession = await stack.enter_async_context(
-                aconnect_ws(path, http, params=params)
-            )
-        except WebSocketUpgradeError as exc:
-            raise pty_refused(exc.response) from None
-        except httpx.TransportError as exc:
-            raise errors.TransportError(f"opening terminal: {exc}") from exc
-        return cls(ws, stack)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def send(self, data: bytes) -> None:
-        await self._ws.send_bytes(data)
-
-    async def resize(self, cols: int, rows: int) -> None:
-        await self._ws.send_text(pty_resize_message(cols, rows))
-
-    async def recv(self, timeout: float | None = None) -> bytes:
-        """The next chunk of output; ``b""`` once the command exited (see ``exit_code``).
-
-        Raises :class:`TimeoutError` if nothing came within ``timeout`` seconds.
-        """
-        while not self._done:
-            try:
-                event = await receive(self._ws, timeout)
-            except WebSocketDisconnect:
-                self._done = True
-            except WebSocketNetworkError as exc:
-                raise errors.TransportError("terminal connection lost") from exc
-            else:
-                if isinstance(event, wsproto.events.BytesMessage):
-                    return bytes(event.data)
-                if isinstance(event, wsproto.events.TextMessage):
-                    self.exit_code = pty_exit_code(event.data)
-                    self._done = self.exit_code is not None
-        return b""
-
-    async def close(self) -> None:
-        await self._stack.aclose()

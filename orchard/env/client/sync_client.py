@@ -3,7 +3,7 @@
 # this file is stale. Its imports keep the source's order, and an `async with` nested
 # around a `with` stays nested here.
 # ruff: noqa: I001, SIM117
-"""The client: :class:`SandboxClient`, its :class:`Sandbox` handles and terminals.
+"""The client: :class:`SandboxClient` and its :class:`Sandbox` handles.
 
 Example::
 
@@ -26,25 +26,17 @@ from pathlib import Path
 from typing import Any, Self, TypeVar, Unpack
 
 import httpx
-import wsproto.events
-from httpx_ws import (
-    WebSocketSession,
-    WebSocketDisconnect,
-    WebSocketNetworkError,
-    WebSocketUpgradeError,
-    connect_ws,
-)
 
 from orchard.env import browser_schema, http_schema, schema
 from orchard.env.client import errors
 from orchard.env.client._sync_io import (
     for_each,
     open_file,
-    receive,
     remove_file,
     replace_file,
     sleep,
 )
+from orchard.env.client.sync_pty import PtySession
 from orchard.env.client.base import (
     CHUNK_SIZE,
     DEFAULT_READY_TIMEOUT,
@@ -60,9 +52,6 @@ from orchard.env.client.calls import (
     ExecOptions,
     exec_request,
     parse_event,
-    pty_exit_code,
-    pty_refused,
-    pty_resize_message,
 )
 from orchard.env.client.http_errors import download_errors, wire_errors
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
@@ -483,66 +472,3 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
     with open_file(path, "rb") as f:
         while chunk := f.read(CHUNK_SIZE):
             yield chunk
-
-
-class PtySession:
-    """An interactive terminal: :meth:`send` keystrokes, :meth:`recv` what the screen shows.
-
-    Get one from :meth:`Sandbox.pty`.
-    """
-
-    def __init__(self, ws: WebSocketSession, stack: contextlib.ExitStack) -> None:
-        self.exit_code: int | None = None
-        self._done = False
-        self._ws = ws
-        self._stack = stack
-
-    @classmethod
-    def open(
-        cls, http: httpx.Client, path: str, params: dict[str, str | int]
-    ) -> PtySession:
-        stack = contextlib.ExitStack()
-        try:
-            ws: WebSocketSession = stack.enter_context(
-                connect_ws(path, http, params=params)
-            )
-        except WebSocketUpgradeError as exc:
-            raise pty_refused(exc.response) from None
-        except httpx.TransportError as exc:
-            raise errors.TransportError(f"opening terminal: {exc}") from exc
-        return cls(ws, stack)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def send(self, data: bytes) -> None:
-        self._ws.send_bytes(data)
-
-    def resize(self, cols: int, rows: int) -> None:
-        self._ws.send_text(pty_resize_message(cols, rows))
-
-    def recv(self, timeout: float | None = None) -> bytes:
-        """The next chunk of output; ``b""`` once the command exited (see ``exit_code``).
-
-        Raises :class:`TimeoutError` if nothing came within ``timeout`` seconds.
-        """
-        while not self._done:
-            try:
-                event = receive(self._ws, timeout)
-            except WebSocketDisconnect:
-                self._done = True
-            except WebSocketNetworkError as exc:
-                raise errors.TransportError("terminal connection lost") from exc
-            else:
-                if isinstance(event, wsproto.events.BytesMessage):
-                    return bytes(event.data)
-                if isinstance(event, wsproto.events.TextMessage):
-                    self.exit_code = pty_exit_code(event.data)
-                    self._done = self.exit_code is not None
-        return b""
-
-    def close(self) -> None:
-        self._stack.close()
