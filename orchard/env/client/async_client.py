@@ -350,7 +350,7 @@ class AsyncSandbox(SandboxBase):
     async def stream(
         self, command: str | Sequence[str], **options: Unpack[ExecOptions]
     ) -> AsyncIterator[ExecEvent]:
-        """Output chunks as they come (``async for`` them), then one ``exit`` event with the job.
+        """Output chunks as they come, then one ``exit`` event with the job (``async for``).
 
         The command starts when iteration does.
         """

@@ -355,7 +355,7 @@ class Sandbox(SandboxBase):
     def stream(
         self, command: str | Sequence[str], **options: Unpack[ExecOptions]
     ) -> Iterator[ExecEvent]:
-        """Output chunks as they come (``for`` them), then one ``exit`` event with the job.
+        """Output chunks as they come, then one ``exit`` event with the job (``for``).
 
         The command starts when iteration does.
         """
