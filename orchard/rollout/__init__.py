@@ -34,8 +34,8 @@ _LAZY.update({name: "orchard.rollout.traces.branch" for name in ("branch", "rest
 _LAZY.update({name: "orchard.rollout.agents.minisweagent" for name in (
     "OrchardEnvironment", "OrchardEnvironmentConfig", "run_task")})
 
-__all__ = ["BadSession", "Drift", "ModelCall", "ProxySettings", "Sample", "SessionStore", "assemble_stream",
-           "build_samples", "create_proxy_app", "token_view", *_LAZY]
+__all__ = ["BadSession", "Drift", "ModelCall", "ProxySettings", "Sample", "SessionStore",
+           "assemble_stream", "build_samples", "create_proxy_app", "token_view", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
