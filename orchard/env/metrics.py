@@ -31,6 +31,9 @@ class Metrics:
         self.loop_errors = Counter("orchard_reconcile_errors",
                                    "Reconcile passes that failed or were partial, by loop",
                                    ["loop"], registry=r)
+        self.loop_period = Gauge("orchard_reconcile_period_seconds",
+                                 "Seconds between the loop's passes, as configured", ["loop"],
+                                 registry=r)
         self.loop_last_success = Gauge("orchard_reconcile_last_success_timestamp_seconds",
                                        "Unix time of the loop's last complete pass (0: none "
                                        "yet)", ["loop"], registry=r)

@@ -38,6 +38,7 @@ class ControlLoop:
         metrics.loop_passes.labels(name)
         metrics.loop_errors.labels(name)
         metrics.loop_last_success.labels(name)
+        metrics.loop_period.labels(name).set(period)
 
     def delay(self) -> float:
         """How long until the next pass: the period, doubled for each failure in a row."""

@@ -1,9 +1,10 @@
 """What the orchestrator asks of a running sandbox's agent besides exec: patches, files,
 background processes, the browser and requests to the sandbox's own services.
 
-With the service's exec, this is the only place that calls the agent. Each operation finds
-the sandbox, calls its agent, turns an agent failure into a service error the one way
-(``errors.from_agent``), and records the event of a change; routes only validate and shape.
+With the exec jobs (exec_jobs.py), this is the only place that calls the agent. Each
+operation finds the sandbox, calls its agent, turns an agent failure into a service error the
+one way (``errors.from_agent``), and records the event of a change; routes only validate and
+shape.
 """
 
 from __future__ import annotations
