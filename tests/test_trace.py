@@ -299,6 +299,15 @@ def test_a_trace_needs_no_proxy(rollout: Rollout, client: SandboxClient) -> None
 
 # --- exports ----------------------------------------------------------------------------------
 
+def test_model_calls_are_typed_and_keep_fields_they_do_not_name() -> None:
+    call = {"index": 0, "started_at": 5.0, "status": 200, "latency_ms": 2.5,
+            "response": {"choices": []}, "added_by_a_newer_proxy": {"x": 1}}
+    trace = Trace.model_validate_json(build_trace("r-typed", [call], []).model_dump_json())
+    assert trace.model_calls == [call]
+    with pytest.raises(ValueError, match="status"):
+        build_trace("r-bad", [{**call, "status": "not a status"}], [])
+
+
 def test_swe_row_is_the_last_conversation(rollout: Rollout) -> None:
     row = export.swe_row(rollout.trace)
     assert set(row) == {"tools", "messages", "metadata"}

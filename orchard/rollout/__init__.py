@@ -21,7 +21,7 @@ from typing import Any
 
 from orchard.rollout.proxy.answers import assemble_stream, token_view
 from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
-from orchard.rollout.proxy.recorder import BadSession, SessionStore
+from orchard.rollout.proxy.recorder import BadSession, ModelCall, SessionStore
 from orchard.rollout.traces.samples import Drift, Sample, build_samples
 
 _LAZY = {"load_tokenizer": "orchard.rollout.tokenizer"}
@@ -34,8 +34,8 @@ _LAZY.update({name: "orchard.rollout.traces.branch" for name in ("branch", "rest
 _LAZY.update({name: "orchard.rollout.agents.minisweagent" for name in (
     "OrchardEnvironment", "OrchardEnvironmentConfig", "run_task")})
 
-__all__ = ["BadSession", "Drift", "ProxySettings", "Sample", "SessionStore", "assemble_stream",
-           "build_samples", "create_proxy_app", "token_view", *_LAZY]
+__all__ = ["BadSession", "Drift", "ModelCall", "ProxySettings", "Sample", "SessionStore",
+           "assemble_stream", "build_samples", "create_proxy_app", "token_view", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

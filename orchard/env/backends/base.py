@@ -12,10 +12,11 @@ import hmac
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from orchard.env.errors import OrchestratorError
 from orchard.env.schema import LimitReport
 
 
-class BackendError(RuntimeError):
+class BackendError(OrchestratorError, RuntimeError):
     """A sandbox could not be created or reached; the message says why and what to do."""
 
 
@@ -51,7 +52,7 @@ class SnapshotMade:
     size_bytes: int  # bytes on disk of what this snapshot adds (not its parents or image)
 
 
-class SpecRejected(ValueError):
+class SpecRejected(OrchestratorError, ValueError):
     """The backend cannot run this spec (e.g. an image it cannot resolve); says what to change."""
 
 

@@ -10,7 +10,7 @@ and the submission detected from the first output line ``COMPLETE_TASK_AND_SUBMI
         agent.run("Fix the failing test in /workspace")
 
 Upstream configs can use it too: ``environment_class:
-orchard.rollout.minisweagent.OrchardEnvironment``. ``run_task`` wires everything for one
+orchard.rollout.agents.minisweagent.OrchardEnvironment``. ``run_task`` wires everything for one
 rollout: the bundled tool-calling config (``mini.yaml``), a litellm model pointed at an
 OpenAI-compatible URL (the recording proxy's ``http://proxy/s/<session>/v1``), and a sandbox
 created for the task and deleted after it.

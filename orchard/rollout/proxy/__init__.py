@@ -2,6 +2,6 @@
 request, answer and exact tokens per rollout session."""
 
 from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
-from orchard.rollout.proxy.recorder import BadSession, SessionStore
+from orchard.rollout.proxy.recorder import BadSession, ModelCall, SessionStore
 
-__all__ = ["BadSession", "ProxySettings", "SessionStore", "create_proxy_app"]
+__all__ = ["BadSession", "ModelCall", "ProxySettings", "SessionStore", "create_proxy_app"]

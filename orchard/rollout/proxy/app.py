@@ -44,7 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from orchard.http_guard import HostOriginGuard
 from orchard.inference_routes import method_of, routes
 from orchard.rollout.proxy.answers import assemble_stream, token_view
-from orchard.rollout.proxy.recorder import BadSession, SessionStore, check_session
+from orchard.rollout.proxy.recorder import BadSession, ModelCall, SessionStore, check_session
 from orchard.rollout.proxy.render import ChatRenderer, RenderError, chat_stream
 from orchard.rollout.proxy.upstream import (
     Upstream,
@@ -137,7 +137,7 @@ class _Recorder:
         self._writing[session] = self._writing.get(session, 0) + 1
         self._idle.setdefault(session, asyncio.Event()).clear()
 
-    async def write(self, session: str, call: dict[str, Any],
+    async def write(self, session: str, call: ModelCall,
                     complete: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Append ``call`` after ``complete`` filled in what is parsed from the answer; both in
         a worker thread, so parsing the answer is not on the harness's clock either."""
@@ -149,7 +149,7 @@ class _Recorder:
                 del self._writing[session]
                 self._idle.pop(session).set()
 
-    def _append(self, session: str, call: dict[str, Any],
+    def _append(self, session: str, call: ModelCall,
                 complete: Callable[[dict[str, Any]], None] | None) -> None:
         if complete is not None:
             try:
@@ -305,8 +305,8 @@ class _Forwarder:
         if self.auth:
             headers.append((b"authorization", self.auth))
         target = _raw_target(scope, path)
-        call = {"endpoint": path, "upstream": upstream.url, "request": request,
-                "started_at": time.time()}
+        call = ModelCall(endpoint=path, upstream=upstream.url, request=request,
+                         started_at=time.time())
         t0 = time.perf_counter()
         if self.renderer is not None and method == "POST" and path == "/v1/chat/completions":
             return await self._rendered(send, upstream, headers, request, call, session, t0)
@@ -340,7 +340,7 @@ class _Forwarder:
                 session, call, functools.partial(_complete_plain, data)))
 
     async def _rendered(self, send: Send, upstream: Upstream, headers: list[tuple[bytes, bytes]],
-                        chat: dict[str, Any], call: dict[str, Any], session: str,
+                        chat: dict[str, Any], call: ModelCall, session: str,
                         t0: float) -> None:
         """A chat call answered through /v1/completions with a prompt rendered here."""
         assert self.renderer is not None
@@ -366,7 +366,7 @@ class _Forwarder:
 
     async def _complete_rendered(self, upstream: Upstream, headers: list[tuple[bytes, bytes]],
                                  body: dict[str, Any], chat: dict[str, Any], prompt: list[int],
-                                 call: dict[str, Any]) -> tuple[int, str, bytes]:
+                                 call: ModelCall) -> tuple[int, str, bytes]:
         """(status, content type, body) for the harness; fills in the call's record."""
         assert self.renderer is not None
         try:
@@ -393,7 +393,7 @@ class _Forwarder:
         return 200, "application/json", json.dumps(answer).encode()
 
     async def _relay(self, receive: Receive, send: Send, response: UpstreamResponse,
-                     content_type: str, call: dict[str, Any], session: str, t0: float) -> None:
+                     content_type: str, call: ModelCall, session: str, t0: float) -> None:
         """Pass each chunk on as it arrives (no buffering added), keeping a copy to record; a
         client that hangs up ends the upstream stream too (the model stops generating)."""
         seen: list[bytes] = []
@@ -470,12 +470,12 @@ async def _send_error(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _complete_plain(data: bytes, call: dict[str, Any]) -> None:
+def _complete_plain(data: bytes, call: ModelCall) -> None:
     call.update(_parse_body(data, call["status"]))
     call["tokens"] = token_view(call)
 
 
-def _complete_stream(raw: bytes, call: dict[str, Any]) -> None:
+def _complete_stream(raw: bytes, call: ModelCall) -> None:
     call["response"] = assemble_stream(raw)
     call["tokens"] = token_view(call)
 

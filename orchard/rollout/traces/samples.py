@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchard.rollout.proxy.recorder import ModelCall
+
 
 @dataclass
 class Sample:
@@ -40,7 +42,7 @@ class Drift:
     position: int
 
 
-def build_samples(session: str, calls: list[dict[str, Any]]) -> tuple[list[Sample], list[Drift]]:
+def build_samples(session: str, calls: list[ModelCall]) -> tuple[list[Sample], list[Drift]]:
     """Samples from a session's calls (as the proxy records them); calls without token ids
     (the upstream did not return them) or that failed are skipped."""
     samples: list[Sample] = []
@@ -73,7 +75,7 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
-def samples_json(session: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+def samples_json(session: str, calls: list[ModelCall]) -> dict[str, Any]:
     samples, drifts = build_samples(session, calls)
     return {"session": session, "samples": [asdict(s) for s in samples],
             "drift": [asdict(d) for d in drifts]}

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from orchard.env.client import SandboxClient
 from orchard.env.schema import EventKind, SandboxEvent
-from orchard.rollout.proxy.recorder import SessionStore, check_session
+from orchard.rollout.proxy.recorder import ModelCall, SessionStore, check_session
 
 
 class TraceStep(BaseModel):
@@ -31,7 +31,7 @@ class Trace(BaseModel):
     rollout_id: str
     started_at: float | None = None
     ended_at: float | None = None
-    model_calls: list[dict[str, Any]] = Field(
+    model_calls: list[ModelCall] = Field(
         default_factory=list, description="As the proxy recorded them (GET /sessions/{id}).")
     sandbox_events: list[SandboxEvent] = Field(default_factory=list)
     judge_calls: list[dict[str, Any]] = Field(
@@ -45,7 +45,7 @@ class Trace(BaseModel):
         return [e for e in self.sandbox_events if e.kind == EventKind.exec]
 
 
-def _call_summary(call: dict[str, Any]) -> str:
+def _call_summary(call: ModelCall) -> str:
     if call.get("error") is not None:
         return f"model call {call.get('index')}: HTTP {call.get('status')} error"
     choices = (call.get("response") or {}).get("choices") or [{}]
@@ -74,7 +74,7 @@ def _event_summary(event: SandboxEvent) -> str:
     return f"{event.sandbox_id}: {event.kind.value}"
 
 
-def build_trace(rollout_id: str, calls: list[dict[str, Any]], events: list[SandboxEvent],
+def build_trace(rollout_id: str, calls: list[ModelCall], events: list[SandboxEvent],
                 metadata: dict[str, Any] | None = None) -> Trace:
     steps = [TraceStep(time=c.get("started_at") or 0.0, source="model", index=i,
                        summary=_call_summary(c)) for i, c in enumerate(calls)]
@@ -112,7 +112,7 @@ def check_proxy_key(proxy: str, key: str | None) -> None:
 
 
 def model_calls(rollout_id: str, proxy: str | Path,
-                key: str | None = None) -> list[dict[str, Any]]:
+                key: str | None = None) -> list[ModelCall]:
     """A session's recorded calls, from a running proxy (its URL; reading takes its admin key)
     or its store directory."""
     check_session(rollout_id)
