@@ -15,12 +15,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from orchard.env.errors import OrchestratorError
 from orchard.env.metrics import Metrics
 
 log = logging.getLogger("orchard.env")
 
 
-class PartialPass(Exception):
+class PartialPass(OrchestratorError):
     """A pass did what it safely could but skipped a part whose source of truth could not be
     read; it counts as a failed pass."""
 
