@@ -79,6 +79,12 @@ class SandboxHandle:
 class Backend(Protocol):
     name: str
 
+    @property
+    def namespace(self) -> str | None:
+        """Where on its platform the backend's sandboxes live (a Kubernetes namespace),
+        recorded with each sandbox; None where there is no such place."""
+        ...
+
     def check(self, spec: SandboxSpec) -> None:
         """Raise SpecRejected if this backend could never run spec; called before any record."""
         ...

