@@ -9,7 +9,6 @@ handler.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import random
@@ -106,10 +105,11 @@ class BaseClient:
     @classmethod
     def local(cls, data_dir: Path | None = None, **settings: Any) -> Self:
         """A client of a private orchestrator started in this process, stopped on close."""
-        # The server drags in FastAPI and the backends; only this constructor needs them. It
-        # is loaded by name: the SDK imports nothing of the server (an import-linter contract).
-        server = importlib.import_module("orchard.env.server")
-        orchestrator = server.EmbeddedOrchestrator(data_dir, **settings)
+        # The server drags in FastAPI and the backends; only this constructor needs them.
+        # It is the one import of the server in the SDK, named in the import-linter contract.
+        from orchard.env.server import EmbeddedOrchestrator
+
+        orchestrator = EmbeddedOrchestrator(data_dir, **settings)
         url = orchestrator.start()
         try:
             # An orchestrator that made up its own key exposes it; otherwise it needs none.
