@@ -36,7 +36,7 @@ from orchard.env.schema import (
     SandboxStatus,
     SnapshotInfo,
 )
-from orchard.env.service.reconciler import PartialPass
+from orchard.env.service.reconciler import PartialPass, listed
 from orchard.env.service.records import LIVE, SandboxRecords, became_ready, utc_time
 from orchard.env.state.base import StateStore
 
@@ -281,11 +281,7 @@ class Lifecycle:
         now = time.time()
         alive = await self.store.live_replicas() if self.store.shared else set()
         alive.add(self.replica)
-        try:
-            existing: set[str] | None = await self.backend.list()
-            unlisted: Exception | None = None
-        except Exception as e:  # noqa: BLE001 - never act on a partial view
-            existing, unlisted = None, e
+        existing, unlisted = await listed(self.backend.list())
         live = await self.records.read_live()
         for sid, rec in live.items():
             if reason := self._expired(rec, now):

@@ -26,6 +26,14 @@ class PartialPass(OrchestratorError):
     read; it counts as a failed pass."""
 
 
+async def listed(listing: Awaitable[set[str]]) -> tuple[set[str] | None, Exception | None]:
+    """What the backend lists, or None and why not: a pass never acts on a partial view."""
+    try:
+        return await listing, None
+    except Exception as e:  # noqa: BLE001 - the pass does the safe part, then raises PartialPass
+        return None, e
+
+
 class ControlLoop:
     def __init__(self, name: str, period: float, run_pass: Callable[[], Awaitable[None]],
                  metrics: Metrics, max_backoff: float) -> None:

@@ -24,7 +24,7 @@ from orchard.env.schema import (
     SnapshotRequest,
     SnapshotStatus,
 )
-from orchard.env.service.reconciler import PartialPass
+from orchard.env.service.reconciler import PartialPass, listed
 from orchard.env.service.records import SandboxRecords, utc_time
 from orchard.env.state.base import StateStore
 
@@ -117,11 +117,7 @@ class Snapshots:
         orphans. Raises PartialPass, after the rest, when the backend could not list its
         snapshots."""
         now = time.time()
-        try:
-            on_backend: set[str] | None = await self.backend.list_snapshots()
-            unlisted: Exception | None = None
-        except Exception as e:  # noqa: BLE001 - never act on a partial view
-            on_backend, unlisted = None, e
+        on_backend, unlisted = await listed(self.backend.list_snapshots())
         recorded = await self.store.list_snapshots()
         for info in recorded:
             age = now - info.created_at.timestamp()
