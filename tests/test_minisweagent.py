@@ -20,12 +20,12 @@ import httpx
 import pytest
 from minisweagent.exceptions import Submitted
 
-from orchard.env.client import SandboxClient
-from orchard.rollout.agents.minisweagent import (
+from orchard.domains.swe.minisweagent import (
     OrchardEnvironment,
     SandboxUnavailable,
     run_task,
 )
+from orchard.env.client import SandboxClient
 from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.traces.trace import collect_trace
@@ -269,7 +269,8 @@ def test_template_vars_and_serialize(env: OrchardEnvironment) -> None:
     assert (tv["system"], tv["release"], tv["machine"]) == ("Linux", *uname)
     assert tv["cwd"] == "/workspace" and tv["extra"] == "x" and tv["sandbox_id"] == env.sandbox_id
     data = env.serialize()["info"]
-    assert data["config"]["environment_type"] == "orchard.rollout.minisweagent.OrchardEnvironment"
+    assert (data["config"]["environment_type"]
+            == "orchard.domains.swe.minisweagent.OrchardEnvironment")
     assert data["sandbox_id"] == env.sandbox_id
     assert "api_key" not in data["config"]["environment"] and "api_key" not in tv
 

@@ -29,12 +29,7 @@ from orchard.recipes.credit import (
 from orchard.recipes.demo import Demo, DemoConfig, pretrained, run_demo
 from orchard.recipes.loss import masked_nll, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.models import load_policy, save_policy, smollm2_dir, tiny_llama
-from orchard.recipes.montecarlo import (
-    AgentContinuation,
-    BrowserContinuation,
-    Continuation,
-    MonteCarloAnnotator,
-)
+from orchard.recipes.montecarlo import Continuation, MonteCarloAnnotator
 from orchard.recipes.policy_server.server import PolicyEngine, PolicyServer
 from orchard.recipes.rerank import (
     ValueModel,
@@ -59,7 +54,7 @@ from orchard.recipes.sft import (
 from orchard.recipes.trajectories import Trajectory, load_trajectories
 
 __all__ = [
-    "AgentContinuation", "AnnotationError", "Annotator", "BARConfig", "BrowserContinuation",
+    "AnnotationError", "Annotator", "BARConfig",
     "ChatTemplateError", "Continuation", "Demo", "DemoConfig", "GroupResult", "JudgeError",
     "MonteCarloAnnotator",
     "PolicyEngine", "PolicySampler", "PolicyServer", "RLConfig", "RetrospectiveAnnotator",

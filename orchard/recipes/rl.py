@@ -14,8 +14,7 @@ One step, top to bottom:
    trained tokens), then the new weights go to the server. Time-exceeded rollouts count in
    their group's baseline but are not trained on.
 
-    history = train_rl(model, tokenizer, tasks, client, server, out, RLConfig(steps=4),
-                       agent_config=config)
+    history = train_rl(model, tasks, client, server, out, RLConfig(steps=4), harness=harness)
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ import torch
 
 from orchard.env.client import SandboxClient
 from orchard.eval.evaluate import evaluate
-from orchard.eval.harness import AnyTask, Harness, MiniSweAgentHarness
+from orchard.eval.harness import Harness
 from orchard.eval.results import RolloutResult
 from orchard.eval.runner import RunConfig
 from orchard.recipes.bar import (
@@ -45,9 +44,9 @@ from orchard.recipes.bar import (
     grpo_advantages,
 )
 from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, token_logprobs
-from orchard.recipes.policy_server.server import PolicyServer
 from orchard.recipes.policy_server.weight_sync import ServesWeights
 from orchard.rollout.traces.samples import Sample, build_samples
+from orchard.tasks.protocol import Task
 
 # How a harness's exit maps to BAR's statuses. A rollout that failed (environment, model,
 # harness) is aborted, and so is one whose exit this table does not know: a status nobody
@@ -98,7 +97,7 @@ class PolicySampler:
         self.client, self.harness, self.out, self.concurrency = client, harness, out, concurrency
         self.rounds = 0
 
-    def __call__(self, task: AnyTask, k: int) -> list[Rollout]:
+    def __call__(self, task: Task, k: int) -> list[Rollout]:
         self.rounds += 1
         out = self.out / f"round-{self.rounds:04d}"
         results: list[RolloutResult] = []
@@ -230,31 +229,24 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             "optimizer_steps": steps}
 
 
-def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
+def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
              client: SandboxClient, server: ServesWeights, out: Path, config: RLConfig, *,
-             render_with: str | Path, agent_config: Mapping[str, Any] | None = None,
-             harness: Harness | None = None,
+             harness: Harness,
              on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """``config.steps`` BAR RL steps on ``tasks``; ``server`` serves ``model`` and gets its new
     weights after each step (a ``PolicyServer``, or an external engine's ``FolderSync``). The
-    rollouts are mini-swe-agent's on a ``PolicyServer`` unless another ``harness`` (calling
-    the engine) is given, e.g. the browser agent for web tasks. Returns one record per step
-    (also appended to out/rl.jsonl)."""
+    rollouts are ``harness``'s, calling the server (e.g. the domain's policy harness:
+    ``MiniSweAgentHarness(server.url, model, render_with=tokenizer_dir)`` for SWE tasks, the
+    browser agent for web tasks). Returns one record per step (also appended to
+    out/rl.jsonl)."""
     if not tasks:
         raise ValueError("RL needs at least one task")
-    if harness is None and not isinstance(server, PolicyServer):
-        raise ValueError("with an external engine, give the harness that samples from it "
-                         "(harness=MiniSweAgentHarness(url, model, render_with=...))")
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
     pad_id = pad_id_of(model)
     # Only what trains: with LoRA, the adapters.
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=0.0)
-    if harness is None:
-        assert isinstance(server, PolicyServer)
-        harness = MiniSweAgentHarness(server.url or "", server.engine.model_name,
-                                      config=agent_config, render_with=render_with)
     history: list[dict[str, Any]] = []
     for step in range(config.steps):
         started = time.monotonic()
@@ -262,7 +254,7 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
                                 concurrency=config.concurrency)
         built: list[GroupResult] = []
 
-        def make_group(task: AnyTask, sampler: PolicySampler = sampler,
+        def make_group(task: Task, sampler: PolicySampler = sampler,
                        built: list[GroupResult] = built) -> list[Rollout]:
             result = bar_group(lambda k: sampler(task, k), config.bar)
             built.append(result)
