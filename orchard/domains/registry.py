@@ -30,8 +30,8 @@ def domain(name: str) -> Domain:
 
 
 def task_set_names() -> list[str]:
-    """Every named task set, of every domain."""
-    return [n for d in DOMAINS.values() for n in d.source.names]
+    """Every named task set, of every domain, SWE's first (as the CLI lists them)."""
+    return [n for d in reversed(DOMAINS.values()) for n in d.source.names]
 
 
 def resolve(source: str | Path) -> Domain:
