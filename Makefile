@@ -6,7 +6,7 @@ APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux e2fsprog
 	python3-pytest slirp4netns nftables chromium
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo tour test lint bench validate-manifests clean
+.PHONY: setup system-deps demo tour test lint unasync bench validate-manifests clean
 
 setup: system-deps $(STAMP)
 
@@ -39,6 +39,11 @@ tour: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+
+# sync_client.py is generated from async_client.py (docs/guides/sdk-and-cli.md); the test suite
+# fails while it is stale.
+unasync:
+	python3 scripts/unasync.py
 
 test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -74,6 +74,7 @@ from orchard.env.client import SandboxClient  # noqa: E402
 from orchard.eval import RunConfig, evaluate  # noqa: E402
 from orchard.recipes.bar import BARConfig  # noqa: E402
 from orchard.recipes.demo import COMPACT_CONFIG  # noqa: E402
+from orchard.recipes.loop import adamw, optimizer_step, trainable  # noqa: E402
 from orchard.recipes.loss import ppo_clip_loss, shift, token_logprobs  # noqa: E402
 from orchard.recipes.models import tiny_llama  # noqa: E402
 from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
@@ -163,19 +164,15 @@ def hf_sft_step(model: torch.nn.Module, batches: list[Batch]) -> Step:
 
 
 def our_sft_step(model: torch.nn.Module, batches: list[Batch]) -> Step:
-    """sft_train's inner step, with its optimizer (AdamW, matrices and the rest in two groups)."""
+    """sft_train's inner step, with its optimizer (``adamw``: matrices and the rest in two
+    groups) and its ``optimizer_step``."""
     config = SFTConfig(lr=LR)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=config.lr)
+    params = trainable(model)
+    optimizer = adamw(model, config.lr, config.weight_decay)
 
     def step(i: int) -> None:
         loss = sft_loss(model, **batches[i % len(batches)])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-        optimizer.step()
+        optimizer_step(optimizer, params, [loss], grad_clip=config.grad_clip)
 
     return step
 

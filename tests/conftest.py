@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -80,13 +81,38 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:
+# Long enough for a loaded 2-core CI machine: a wait ends as soon as its condition holds, so
+# only a test that is failing anyway ever spends it.
+WAIT_S = 30.0
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = WAIT_S,
+               interval: float = 0.05) -> bool:
+    """Whether ``predicate()`` came true within ``timeout`` seconds, polled every ``interval``.
+    Use it as ``assert wait_until(...), "what never happened"`` instead of a sleep."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
         time.sleep(interval)
-    return predicate()
+    return bool(predicate())
+
+
+async def wait_until_async(predicate: Callable[[], Awaitable[object]], timeout: float = WAIT_S,
+                           interval: float = 0.05) -> bool:
+    """wait_until for a coroutine predicate, polling without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(interval)
+    return bool(await predicate())
+
+
+def until_exists(path: str) -> str:
+    """Shell that blocks until ``path`` exists: a command that ends when the test has seen
+    what it needs and creates the file, not after a sleep that must outlast the check."""
+    return f"until [ -e {path} ]; do sleep 0.05; done"
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ def agent(tmp_path: Path) -> Iterator[AgentClient]:
         except OSError:
             return False
 
-    assert wait_until(listening, 10)
+    assert wait_until(listening), f"the agent never listened on port {port}"
     yield AgentClient(f"tcp:127.0.0.1:{port}", token=TOKEN)
     proc.kill()
     proc.wait()
@@ -207,6 +207,14 @@ def proc_state(pid: int) -> str:
     return stat_line[stat_line.rindex(")") + 2]
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for ``signum`` (its SigCgt mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
 def children_of(pid: int) -> set[int]:
     found = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -223,7 +231,8 @@ async def test_signal_stops_and_continues_every_process(agent: AgentClient,
     info = await agent.start_process({"command": script, "cwd": str(tmp_path)})
     try:
         shell = info["pid"]
-        assert wait_until(lambda: counter.exists() and len(children_of(shell)) >= 2, 10)
+        assert wait_until(lambda: counter.exists() and len(children_of(shell)) >= 2), \
+            "the counting loop never started"
         # The backgrounded subshell is a fork of the shell: the child with the shell's name.
         loop_pid = next(p for p in children_of(shell)
                         if Path(f"/proc/{p}/comm").read_text() == Path(
@@ -239,7 +248,7 @@ async def test_signal_stops_and_continues_every_process(agent: AgentClient,
 
         resumed = await agent.signal_all("CONT")
         assert resumed["signalled"] >= 3
-        assert wait_until(lambda: counter.stat().st_size > size, 5)
+        assert wait_until(lambda: counter.stat().st_size > size), "the loop never continued"
         assert proc_state(shell) != "T" and proc_state(loop_pid) != "T"
 
         with pytest.raises(AgentError) as err:
@@ -261,11 +270,13 @@ async def test_freeze_stops_running_processes_only_while_archiving(
     paused = await agent.start_process({"command": "while :; do sleep 0.02; done",
                                         "cwd": str(tmp_path)})
     try:
-        time.sleep(0.2)  # the trap is set once bash has read its command
+        # The trap is set once bash has read its command.
+        assert wait_until(lambda: catches(running["pid"], signal.SIGCONT)), "no CONT trap set"
         os.kill(paused["pid"], signal.SIGSTOP)  # as a user's pause would
-        assert wait_until(lambda: proc_state(paused["pid"]) == "T", 5)
+        assert wait_until(lambda: proc_state(paused["pid"]) == "T"), "SIGSTOP did not stop it"
         await agent.get_archive([str(tmp_path)], tmp_path.parent / "frozen.tar", freeze=True)
-        assert wait_until(lambda: conts.exists() and conts.read_text() == "cont\n", 5)
+        assert wait_until(lambda: conts.exists() and conts.read_text() == "cont\n"), \
+            "the running process was not stopped and continued"
         assert proc_state(running["pid"]) != "T"
         assert proc_state(paused["pid"]) == "T"  # not continued: it was not the archive's
         await agent.get_archive([str(tmp_path)], tmp_path.parent / "plain.tar")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from orchard.env.agent.client import AgentClient, AgentError, AgentUnreachable
 from orchard.env.agent.server import boot as agent_boot
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until
 
 
 @pytest.fixture(params=["file", "env"])
@@ -32,13 +31,15 @@ def tcp_agent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
         env={"PATH": "/usr/bin:/bin",
              **({"ORCHARD_AGENT_TOKEN": token} if request.param == "env" else {})},
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def listening() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
+            return True
         except OSError:
-            time.sleep(0.02)
+            return False
+
+    assert wait_until(listening, interval=0.02), f"the agent never listened on port {port}"
     yield f"tcp:127.0.0.1:{port}", token
     proc.kill()
     proc.wait()

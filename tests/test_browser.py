@@ -17,7 +17,7 @@ from PIL import Image
 from orchard.env.client import InvalidRequest, Sandbox, SandboxClient
 from orchard.rollout.traces.replay import replay
 from orchard.rollout.traces.trace import build_trace
-from tests.conftest import needs_browser, needs_root
+from tests.conftest import needs_browser, needs_root, wait_until
 from tests.fakekube.cluster import FakeCluster
 from tests.test_kubernetes_backend import create_ready, kube_orchestrator
 
@@ -46,17 +46,23 @@ def client(orchestrator: str) -> Iterator[SandboxClient]:
         yield c
 
 
+def wait_listening(sb: Sandbox, port: int) -> None:
+    """Wait until something in the sandbox accepts connections on ``port`` (up to 30 s). One
+    exec that waits inside: the event log (and so a replay) sees it succeed once."""
+    wait = sb.exec("python3 -c \"import socket, time\n"
+                   "for _ in range(600):\n"
+                   f"    try: socket.create_connection(('127.0.0.1', {port}), 1).close(); break\n"
+                   "    except OSError: time.sleep(0.05)\n"
+                   "else: raise SystemExit('nothing listens')\"", timeout=60)
+    assert wait.ok, f"nothing listened on port {port} in the sandbox: {wait.stderr}"
+
+
 def serve_site(sb: Sandbox) -> str:
     for name, html in PAGES.items():
         sb.upload_content(html.encode(), f"/workspace/site/{name}")
     sb.start_process("python3 -m http.server 8000 --bind 127.0.0.1 --directory "
                      "/workspace/site")
-    # One exec that waits inside: the event log (and so a replay) sees it succeed once.
-    wait = sb.exec("python3 -c \"import time, urllib.request as u\n"
-                   "for _ in range(200):\n"
-                   "    try: u.urlopen('http://127.0.0.1:8000/'); break\n"
-                   "    except OSError: time.sleep(0.05)\"")
-    assert wait.ok, wait.stderr
+    wait_listening(sb, 8000)
     return "http://127.0.0.1:8000/index.html"
 
 
@@ -140,22 +146,29 @@ def test_a_page_that_never_loads_times_out_within_the_budget(
     # Accepts connections and never answers.
     sb.start_process("python3 -c \"import socket, time; s = socket.socket(); "
                      "s.bind(('127.0.0.1', 8001)); s.listen(); time.sleep(600)\"")
-    time.sleep(0.5)
+    wait_listening(sb, 8001)
+    budget = 3
     t0 = time.monotonic()
-    page = sb.browser("goto", url="http://127.0.0.1:8001/", timeout=3)
+    page = sb.browser("goto", url="http://127.0.0.1:8001/", timeout=budget)
     took = time.monotonic() - t0
     assert page.error is not None and "loading" in page.error, page
-    assert took < 3 * 3 + 10, took  # its budget, not forever
+    # A few budgets at most, not the 600 s the server holds the connection (a load that ignored
+    # its budget would hit the client's read timeout of 2 budgets + 30 s instead).
+    assert took < 10 * budget, took
 
 
 def test_the_browser_restarts_after_it_died_and_lives_in_the_sandbox(
         shop: tuple[Sandbox, str]) -> None:
     sb, url = shop
     sb.browser("goto", url=url)
-    inside = sb.exec("pgrep -c -f 'chromium.*remote-debugging-pipe' || true").stdout.strip()
-    assert int(inside or 0) >= 1  # in the sandbox's own pid namespace, so in its cgroups
-    sb.exec("pkill -9 -f 'chromium' || true")
-    time.sleep(0.5)
+
+    def browsers() -> int:
+        # argv, not a shell: a shell's own command line would match the pattern too.
+        return int(sb.exec(["pgrep", "-c", "-f", "chromium.*remote-debugging-pipe"]).stdout)
+
+    assert browsers() >= 1  # in the sandbox's own pid namespace, so in its cgroups
+    sb.exec(["pkill", "-9", "-f", "chromium"])
+    assert wait_until(lambda: browsers() == 0), "chromium outlived its SIGKILL"
     page = sb.browser("goto", url=url)
     assert page.title == "Shop" and page.error is None
 

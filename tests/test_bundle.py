@@ -280,7 +280,7 @@ def test_agent_entry_point(rootfs: Path, bundle: Path) -> None:
 # Runs in the sandbox beside the agent: one exec over its Unix socket, the answer's body printed.
 EXEC_CLIENT = r"""
 import json, socket, time
-for _ in range(200):
+for _ in range(600):  # up to 30 s for the agent's socket
     try:
         s = socket.socket(socket.AF_UNIX)
         s.connect("/agent.sock")

@@ -6,7 +6,6 @@ import errno
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from orchard.env.backends.local.cgroups import (
     parse_cpu,
     parse_memory,
 )
+from tests.conftest import wait_until
 
 ROOT = Path("/sys/fs/cgroup")
 
@@ -341,10 +341,8 @@ def test_kill_process_tree(group: str, root: Path) -> None:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
         # launcher python, sleep, sh + 2 sleeps, daemon = 6
-        deadline = time.monotonic() + 10
-        while len(members := mgr.pids("tree")) < 6 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(members) >= 6, members
+        assert wait_until(lambda: len(mgr.pids("tree")) >= 6), mgr.pids("tree")
+        members = mgr.pids("tree")
         assert proc.pid in members
 
         mgr.kill("tree", timeout=5)

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import needs_root
+from tests.conftest import needs_root, wait_until
 
 pytestmark = needs_root
 
@@ -159,11 +159,13 @@ def test_shell_in_a_terminal(orchestrator: str, sid: str) -> None:
         read_until(b"early-6", 30)
         os.write(fd, b"echo hi-$((6*7)); exit\n")
         read_until(b"\x00never", 30)  # to the end of the output
-        for _ in range(50):
+
+        def exited() -> bool:
+            nonlocal done, status
             done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
+            return bool(done)
+
+        wait_until(exited)  # the assert below says what is wrong if it did not
     finally:
         if not done:
             os.kill(pid, signal.SIGKILL)

@@ -42,6 +42,7 @@ from orchard.env.client import (
     TransportError,
 )
 from orchard.env.client.sync_client import Sandbox
+from tests.conftest import wait_until
 
 KEY = "test-key"
 MB = 1 << 20
@@ -242,8 +243,7 @@ def server() -> Iterator[tuple[Fake, str]]:
     uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
-    while not uv.started:
-        time.sleep(0.01)
+    assert wait_until(lambda: uv.started, interval=0.01), "the fake server never started"
     port = uv.servers[0].sockets[0].getsockname()[1]
     yield fake, f"http://127.0.0.1:{port}"
     uv.should_exit = True

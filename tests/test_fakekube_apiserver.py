@@ -465,10 +465,15 @@ async def test_in_process_api(api: ApiClient, server: FakeApiServer) -> None:
 
 async def test_many_concurrent_requests_and_a_thousand_pods(api: ApiClient) -> None:
     v1 = CoreV1Api(api)
+    # Watching from the list's version: every create is then a watch event, however late the
+    # watch connects.
+    start = (await v1.list_namespaced_pod("default")).metadata.resource_version
+
     async def watch_all() -> list[tuple[str, str, int]]:
         seen = []
         async with watch.Watch() as w:
-            async for ev in w.stream(v1.list_namespaced_pod, "default", timeout_seconds=60):
+            async for ev in w.stream(v1.list_namespaced_pod, "default", timeout_seconds=60,
+                                     resource_version=start):
                 meta = ev["raw_object"]["metadata"]
                 seen.append((ev["type"], meta["name"], int(meta["resourceVersion"])))
                 if len(seen) == 1000:
@@ -476,7 +481,6 @@ async def test_many_concurrent_requests_and_a_thousand_pods(api: ApiClient) -> N
         return seen
 
     watching = asyncio.create_task(watch_all())
-    await asyncio.sleep(0.2)
     await asyncio.gather(*(v1.create_namespaced_pod("default", pod(f"p{i:04}"),
                                                     _preload_content=False)
                            for i in range(1000)))

@@ -272,16 +272,24 @@ def test_upload_with_mode_is_executable(http: httpx.Client, sandbox: str, how: s
     assert "plain.sh" in r.json()["detail"]
 
 
-def test_aborted_upload_keeps_the_old_file(http: httpx.Client, sandbox: str) -> None:
+def test_aborted_upload_keeps_the_old_file(http: httpx.Client, sandbox: str,
+                                           orchestrator: str) -> None:
     assert put_raw(http, sandbox, "keep/me.txt", b"original content").status_code == 200
 
     class Abort(Exception):
         pass
 
+    def upload_begun(watcher: httpx.Client) -> bool:
+        """A temporary file beside me.txt holds some of the upload."""
+        files = listing(watcher, sandbox, "/workspace/keep")
+        return any(f["size"] > 0 for name, f in files.items() if name != "me.txt")
+
     def body() -> Iterator[bytes]:
         for _ in range(8):
             yield b"x" * 65536
-        time.sleep(0.2)  # let the first chunks reach the sandbox
+        # Abort once the first chunks have reached the sandbox (`http` is busy sending this).
+        with httpx.Client(base_url=orchestrator, timeout=60) as watcher:
+            assert wait_until(lambda: upload_begun(watcher)), "no upload reached the sandbox"
         raise Abort
 
     with pytest.raises(Abort):
@@ -289,8 +297,8 @@ def test_aborted_upload_keeps_the_old_file(http: httpx.Client, sandbox: str) -> 
                  content=body(), headers={"content-length": str(10 * MB)})
     assert get_raw(http, sandbox, "keep/me.txt").content == b"original content"
     # No temporary upload files are left behind once the agent notices.
-    assert wait_until(lambda: set(listing(http, sandbox, "/workspace/keep")) == {"me.txt"},
-                      timeout=10), listing(http, sandbox, "/workspace/keep")
+    assert wait_until(lambda: set(listing(http, sandbox, "/workspace/keep")) == {"me.txt"}), \
+        listing(http, sandbox, "/workspace/keep")
 
 
 def test_rejected_uploads_do_not_desync_the_agent(http: httpx.Client, sandbox: str) -> None:

@@ -26,7 +26,7 @@ from orchard.env.backends.base import (
     SpecRejected,
 )
 from orchard.env.backends.kubernetes import KubernetesBackend, KubernetesConfig
-from tests.conftest import needs_root, wait_until
+from tests.conftest import needs_root, wait_until, wait_until_async
 from tests.fakekube.apiserver import FakeApiServer
 from tests.fakekube.cluster import NAMESPACE as NS
 from tests.fakekube.cluster import FakeCluster
@@ -168,9 +168,10 @@ async def test_pause_stops_every_process_until_resume(backend: KubernetesBackend
             stat = (await read(agent, f"/proc/{p}/stat")).decode()
             return stat[stat.rindex(")") + 2]
 
-        deadline = time.monotonic() + 10
-        while not (await agent.list_files("/tmp"))["files"] and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        async def ticking() -> bool:
+            return bool((await agent.list_files("/tmp"))["files"])
+
+        assert await wait_until_async(ticking), "the loop never wrote /tmp/ticks"
         await backend.pause(sid)
         assert await state(pid) == "T"
         before = await size()
@@ -179,10 +180,10 @@ async def test_pause_stops_every_process_until_resume(backend: KubernetesBackend
 
         await backend.resume(sid)
         assert await state(pid) != "T"
-        deadline = time.monotonic() + 10
-        while await size() == before and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert await size() > before
+        async def grew() -> bool:
+            return await size() > before
+
+        assert await wait_until_async(grew), "the resumed loop never wrote again"
 
 
 async def test_unknown_snapshot_is_missing_and_makes_no_pod(

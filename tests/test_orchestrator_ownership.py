@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
@@ -41,7 +40,7 @@ def test_a_second_orchestrator_on_the_same_data_dir_refuses_to_start(
         data_dir: Path, orchestrator: str, tmp_path: Path) -> None:
     del orchestrator  # only for the bundle it built
     with short_data_dir(data_dir) as short, \
-            EmbeddedOrchestrator(data_dir=short, reconcile_interval=0.2) as url, \
+            (holder := EmbeddedOrchestrator(data_dir=short, reconcile_interval=0.2)) as url, \
             httpx.Client(base_url=url, timeout=60) as http:
         sid = create_ready(http, {"image": "host"})
         second = EmbeddedOrchestrator(data_dir=short, reconcile_interval=0.2)
@@ -57,8 +56,9 @@ def test_a_second_orchestrator_on_the_same_data_dir_refuses_to_start(
         assert serve.returncode != 0
         assert f"data dir {short} is in use by another orchestrator (pid {os.getpid()}" \
             in serve.stderr, serve.stderr
-        # The holder's sandboxes lived through several reconcile passes of its own.
-        time.sleep(1.0)
+        # The holder's sandboxes live through several reconcile passes of its own.
+        for _ in range(3):
+            holder.reconcile_once()
         assert run(http, sid, command="echo alive")["stdout"] == "alive\n"
     # Once the holder stopped, the data dir is free again.
     with short_data_dir(data_dir) as short:
@@ -74,7 +74,9 @@ def test_local_clients_get_private_data_dirs(monkeypatch: pytest.MonkeyPatch) ->
         dirs = [c._orchestrator.settings.data_dir for c in (a, b)]  # type: ignore[union-attr]
         assert dirs[0] != dirs[1] and all(d.is_dir() for d in dirs)
         sa, sb = a.create_sandbox("host"), b.create_sandbox("host")
-        time.sleep(1.0)  # several reconcile passes each: neither may take the other's
+        for _ in range(3):  # several reconcile passes each: neither may take the other's
+            for c in (a, b):
+                c._orchestrator.reconcile_once()  # type: ignore[union-attr]
         assert sa.exec("echo a").stdout == "a\n"
         assert sb.exec("echo b").stdout == "b\n"
     assert not any(d.exists() for d in dirs), dirs
@@ -109,14 +111,14 @@ def test_sigkilled_local_client_leaves_nothing_running(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     # Zygote, bwrap and agents, and the commands they ran, end with their lifeline.
-    assert wait_until(lambda: not _processes_mentioning(private), 15, 0.2), (
+    assert wait_until(lambda: not _processes_mentioning(private), interval=0.2), (
         _processes_mentioning(private))
     for sid in ids:
         procs = [p for f in glob.glob(f"/sys/fs/cgroup/*/{group}/{sid}/cgroup.procs")
                  for p in Path(f).read_text().split()]
         assert wait_until(lambda f=sid: not [  # noqa: B023
             p for g in glob.glob(f"/sys/fs/cgroup/*/{group}/{f}/cgroup.procs")
-            for p in Path(g).read_text().split()], 15, 0.2), procs
+            for p in Path(g).read_text().split()], interval=0.2), procs
     # The next local orchestrator removes the dead one's directory and cgroups.
     assert Path(private).is_dir()
     assert claims_under(private)  # the check can fail: the dead sandboxes still hold theirs
@@ -155,7 +157,7 @@ def test_sigkilled_standalone_orchestrator_leaves_no_zygote(
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     try:
-        assert wait_until(lambda: not _zygotes(short_tmp), 10, 0.1), _zygotes(short_tmp)
+        assert wait_until(lambda: not _zygotes(short_tmp), interval=0.1), _zygotes(short_tmp)
         # Its sandboxes live on, for the next orchestrator on this data dir to re-adopt.
         proc = _start_server(short_tmp, port, tmp_path / "serve.log")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:

@@ -22,7 +22,7 @@ from orchard.env.client import (
     SandboxClient,
 )
 from orchard.env.server import EmbeddedOrchestrator
-from tests.conftest import needs_root, short_data_dir, wait_until
+from tests.conftest import needs_root, short_data_dir, until_exists, wait_until, wait_until_async
 
 pytestmark = needs_root
 
@@ -86,13 +86,12 @@ async def test_async_twin_does_the_same(orchestrator: str) -> None:
             assert r.stdout_bytes == b"\xff\x00bytes"
             proc = await sb.start_process("echo started; sleep 600")
             assert proc.running
-            out = await sb.process_output(proc.process_id)
-            for _ in range(100):
-                if out.stdout_bytes:
-                    break
-                await asyncio.sleep(0.05)
-                out = await sb.process_output(proc.process_id)
-            assert out.stdout_bytes == b"started\n"
+
+
+            async def started() -> bool:
+                return (await sb.process_output(proc.process_id)).stdout_bytes == b"started\n"
+
+            assert await wait_until_async(started), "the process never printed 'started'"
             killed = await sb.kill_process(proc.process_id)
             assert killed.process_id == proc.process_id
             sid = sb.id
@@ -161,13 +160,15 @@ def sb(client: SandboxClient) -> Iterator[object]:
 
 
 def test_stream_yields_output_then_exit(sb: object) -> None:
-    started = time.monotonic()
-    events, first_at = [], None
-    for event in sb.stream("echo first; sleep 1; echo second; echo oops >&2; exit 3"):
-        if first_at is None:
-            first_at = time.monotonic() - started
-        events.append(event)
-    assert first_at is not None and first_at < 0.9, first_at  # streamed, not at the end
+    # The command goes on only once the test has seen its first output and creates the gate
+    # file: so that output was streamed, not sent at the end.
+    gate = f"/tmp/gate-{time.monotonic_ns()}"
+    stream = iter(sb.stream(f"echo first; {until_exists(gate)}; echo second; echo oops >&2; "
+                            "exit 3", timeout=60))
+    events = [next(stream)]
+    assert (events[0].type, events[0].data) == ("stdout", b"first\n"), events
+    assert sb.exec(["touch", gate]).ok
+    events.extend(stream)
     assert [e.type for e in events][-1] == "exit"
     assert sum(e.type == "exit" for e in events) == 1
     job = events[-1].job

@@ -44,9 +44,24 @@ def snapshots_dir(data_dir: Path) -> Path:
     return data_dir / "local" / "snapshots"
 
 
-def reconcile(http: httpx.Client, passes: int = 2) -> None:
-    """Let the reconcile loop (0.5 s) run at least ``passes`` times."""
-    time.sleep(0.5 * passes + 0.3)
+def orphan_snapshot(data_dir: Path, name: str) -> Path:
+    """Snapshot files with no record, as a crash leaves them: the collector removes them."""
+    orphan = snapshots_dir(data_dir) / name
+    (orphan / "layer").mkdir(parents=True)
+    (orphan / "meta.json").write_text('{"parents": []}')
+    return orphan
+
+
+def whole_collection_pass(data_dir: Path) -> None:
+    """Wait until a snapshot-collection pass has run from start to end since this call.
+
+    The pass that removes an orphan listed it, so it began after the orphan was made. A second
+    orphan, made once the first is gone, was not in that pass's listing: a later pass removes
+    it, so the first pass (begun after this call) has ended by then.
+    """
+    for n in range(2):
+        orphan = orphan_snapshot(data_dir, f"snap-witness-{uuid.uuid4().hex[:8]}-{n}")
+        assert wait_until(lambda o=orphan: not o.exists()), f"the orphan {orphan} was kept"
 
 
 def disk_bytes(top: Path) -> int:
@@ -130,20 +145,20 @@ def test_a_snapshot_of_a_fork_stacks_and_keeps_deletions(client: SandboxClient) 
 
 
 def test_snapshot_files_outlive_the_record_while_a_sandbox_uses_them(
-        client: SandboxClient, http: httpx.Client, data_dir: Path) -> None:
+        client: SandboxClient, data_dir: Path) -> None:
     with client.create_sandbox() as sb:
         sb.exec("echo kept > /workspace/k")
         snap = sb.snapshot()
     files = snapshots_dir(data_dir) / snap.snapshot_id
     user = client.create_sandbox(from_snapshot=snap.snapshot_id)
     client.delete_snapshot(snap.snapshot_id)
-    reconcile(http)
+    whole_collection_pass(data_dir)
     assert files.is_dir()  # still mounted by `user`
     assert user.exec("cat /workspace/k").stdout == "kept\n"
     with pytest.raises(NotFoundError):  # but no new sandbox may start from it
         client.create_sandbox(from_snapshot=snap.snapshot_id)
     user.delete()
-    assert wait_until(lambda: not files.exists(), timeout=10), "unused files were kept"
+    assert wait_until(lambda: not files.exists()), "unused files were kept"
 
 
 def test_expired_and_orphaned_snapshots_are_collected(
@@ -151,13 +166,11 @@ def test_expired_and_orphaned_snapshots_are_collected(
     with client.create_sandbox() as sb:
         snap = sb.snapshot(ttl=0.5)
     files = snapshots_dir(data_dir) / snap.snapshot_id
-    assert wait_until(lambda: not files.exists(), timeout=10)
+    assert wait_until(lambda: not files.exists()), "an expired snapshot's files were kept"
     with pytest.raises(NotFoundError):
         client.get_snapshot(snap.snapshot_id)
-    orphan = snapshots_dir(data_dir) / "snap-orphan"
-    (orphan / "layer").mkdir(parents=True)
-    (orphan / "meta.json").write_text('{"parents": []}')
-    assert wait_until(lambda: not orphan.exists(), timeout=10), "an orphan was kept"
+    orphan = orphan_snapshot(data_dir, "snap-orphan")
+    assert wait_until(lambda: not orphan.exists()), "an orphan was kept"
 
 
 def test_pause_freezes_and_resume_continues(client: SandboxClient, data_dir: Path) -> None:

@@ -13,6 +13,7 @@ from orchard.env.client import AsyncSandbox, AsyncSandboxClient, Sandbox, Sandbo
 
 _LAZY = {
     "Settings": "orchard.env.config",
+    "OrchestratorError": "orchard.env.errors",
     "SandboxService": "orchard.env.service",
     "EmbeddedOrchestrator": "orchard.env.server",
     "build_app": "orchard.env.server",

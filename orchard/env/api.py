@@ -15,7 +15,6 @@ from orchard.env.errors import ServiceError, TooLarge
 from orchard.env.routes import browser, files, processes, sandboxes, services, snapshots, system
 from orchard.env.routes import exec as exec_routes
 from orchard.env.routes.files import RAW_UPLOAD
-from orchard.env.sandbox_ops import SandboxOps
 from orchard.env.service import SandboxService
 from orchard.env.state.base import LockTimeout, StoreUnavailable
 from orchard.http_guard import HostOriginGuard
@@ -98,11 +97,11 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
                             headers={"Retry-After": "2"})
 
     secured = [Depends(auth)]
-    ops = SandboxOps(service)
+    ops = service.ops
     app.include_router(system.router(service, secured))
     app.include_router(sandboxes.router(service, secured))
-    app.include_router(exec_routes.router(service, ops, secured))
-    app.include_router(files.router(ops, secured))
+    app.include_router(exec_routes.router(service, secured))
+    app.include_router(files.router(ops, settings, secured))
     app.include_router(processes.router(ops, secured))
     app.include_router(snapshots.router(service, secured))
     app.include_router(browser.router(ops, secured))

@@ -73,7 +73,22 @@ class Settings(BaseModel):
         "over the snapshot it started from) to be snapshotted.")
     heartbeat_timeout: float = Field(180, gt=0, description="Only for sandboxes that beat once.")
     pending_timeout: float = Field(120, gt=0)
-    reconcile_interval: float = Field(5, gt=0)
+    reconcile_interval: float = Field(
+        5, gt=0, description="Seconds between passes of the sandbox reconcile loop (expiry, "
+        "adoption, vanished sandboxes, orphans; the replica's beat); the default period of "
+        "the other loops.")
+    job_reconcile_interval: float | None = Field(
+        None, gt=0, description="Seconds between passes that fail the unfinished jobs of "
+        "replicas gone. Default: reconcile_interval.")
+    snapshot_reconcile_interval: float | None = Field(
+        None, gt=0, description="Seconds between passes of the snapshot collector (expired "
+        "snapshots, unused files of deleted ones, orphan files). Default: reconcile_interval.")
+    prune_interval: float | None = Field(
+        None, gt=0, description="Seconds between prunes of the store (records and jobs past "
+        "retention, events past event_retention). Default: reconcile_interval.")
+    reconcile_max_backoff: float = Field(
+        60, gt=0, description="Longest wait before a reconcile loop retries after failed "
+        "passes in a row (each failure doubles its wait from the loop's period).")
     retention: float = Field(3600, gt=0, description="Seconds deleted records and jobs are kept.")
     event_retention: float = Field(
         7 * 24 * 3600, gt=0, description="Seconds sandbox events (the trace) are kept.")
@@ -123,6 +138,13 @@ class Settings(BaseModel):
         if self.allowed_hosts is not None:
             return self.allowed_hosts
         return ["*"] if self.api_keys else list(LOOPBACK_HOSTS)
+
+    def loop_periods(self) -> dict[str, float]:
+        """Each reconcile loop's period, by the loop's name (its metrics' label)."""
+        default = self.reconcile_interval
+        return {"sandboxes": default, "jobs": self.job_reconcile_interval or default,
+                "snapshots": self.snapshot_reconcile_interval or default,
+                "prune": self.prune_interval or default}
 
     def state_url(self) -> str:
         return self.state or f"sqlite:///{self.data_dir / 'state.db'}"

@@ -15,11 +15,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from orchard.env.errors import OrchestratorError
+
 LOCK_NAME = "orchestrator.lock"
 PRIVATE_PREFIX = "orchard-local-"
 
 
-class DataDirInUse(RuntimeError):
+class DataDirInUse(OrchestratorError, RuntimeError):
     """Another live orchestrator holds the data dir."""
 
 

@@ -1,11 +1,29 @@
-"""Service errors: each carries the HTTP status it maps to and a message saying what to do."""
+"""The orchestrator's errors: one root, and the service errors that map to an HTTP status.
+
+:class:`OrchestratorError` is the root of every exception the orchestrator side of
+``orchard.env`` raises: these service errors, the agent client's ``AgentError``, the backends'
+``BackendError`` and ``SpecRejected``, the state stores' ``LockTimeout`` and its kin. Each
+keeps the builtin base it had (``RuntimeError``, ``ValueError``, ...), so handlers written for
+those still catch it. The SDK's errors are another tree (``orchard.env.client.errors``): a
+client sees a server's error as an ``APIError`` carrying its status.
+
+This module imports nothing of orchard at load time, so that every module can derive from the
+root.
+"""
 
 from __future__ import annotations
 
-from orchard.env.agent.client import AgentError, AgentTooLarge, AgentUnreachable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchard.env.agent.client import AgentError
 
 
-class ServiceError(Exception):
+class OrchestratorError(Exception):
+    """Raised on purpose by the orchestrator; the message says what went wrong and what to do."""
+
+
+class ServiceError(OrchestratorError):
     status = 500
 
     def __init__(self, detail: str, headers: dict[str, str] | None = None) -> None:
@@ -68,6 +86,9 @@ def from_agent(e: AgentError, sid: str) -> ServiceError:
     The agent's own status is kept where it means the same to our clients (a 503 at the pids
     limit stays a retryable 503); anything else it refuses is the request's fault (400).
     """
+    # Here, not at the top: the agent client's errors derive from OrchestratorError above.
+    from orchard.env.agent.client import AgentTooLarge, AgentUnreachable
+
     if isinstance(e, AgentTooLarge):
         return TooLarge(e.detail) if e.status == 413 else BadAgentAnswer(e.detail)
     if isinstance(e, AgentUnreachable):

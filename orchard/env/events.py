@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from orchard.env.metrics import Metrics
-from orchard.env.schema import EventKind, ExecRequest, Job, SandboxEvent, SandboxInfo
+from orchard.env.schema import EventKind, EventList, ExecRequest, Job, SandboxEvent, SandboxInfo
 from orchard.env.state.base import StateStore
 
 log = logging.getLogger("orchard.env")
@@ -72,3 +72,24 @@ class EventLog:
 
     async def exec(self, rec: SandboxInfo, req: ExecRequest, job: Job, started: float) -> None:
         await self.record(rec, EventKind.exec, started, **exec_data(req, job, self.content_limit))
+
+    async def list(self, *, sandbox_id: str | None = None, session: str | None = None,
+                   labels: dict[str, str] | None = None, after: int = 0,
+                   limit: int = 1000) -> EventList:
+        want = (labels or {}).items()
+        events, seen = [], after
+        # Labels are not indexed: filter whole pages until this one is full or the log ends.
+        while len(events) < limit:
+            page = await self.store.events(sandbox_id=sandbox_id, session=session, after=seen,
+                                           limit=limit)
+            if not page:
+                break
+            for event in page:
+                seen = event.seq
+                if want <= event.labels.items():
+                    events.append(event)
+                    if len(events) == limit:
+                        break
+            if not want:
+                break
+        return EventList(events=events, next_after=seen)

@@ -25,3 +25,15 @@ class Metrics:
         self.events_lost = Counter("orchard_events_lost", "Sandbox events the store refused",
                                    registry=r)
         self.in_flight = Gauge("orchard_creates_in_flight", "Creates in progress", registry=r)
+        # One series per reconcile loop (label "loop"): see orchard/env/service/reconciler.py.
+        self.loop_passes = Counter("orchard_reconcile_passes", "Reconcile passes run, by loop",
+                                   ["loop"], registry=r)
+        self.loop_errors = Counter("orchard_reconcile_errors",
+                                   "Reconcile passes that failed or were partial, by loop",
+                                   ["loop"], registry=r)
+        self.loop_period = Gauge("orchard_reconcile_period_seconds",
+                                 "Seconds between the loop's passes, as configured", ["loop"],
+                                 registry=r)
+        self.loop_last_success = Gauge("orchard_reconcile_last_success_timestamp_seconds",
+                                       "Unix time of the loop's last complete pass (0: none "
+                                       "yet)", ["loop"], registry=r)

@@ -26,18 +26,18 @@ from fastapi import WebSocket, WebSocketDisconnect
 from orchard.env.agent.client import PtyChannel
 from orchard.env.auth import check_key, websocket_key
 from orchard.env.errors import BadRequest, ServiceError
-from orchard.env.sandbox_ops import SandboxOps
+from orchard.env.service import SandboxOps
 
 INIT_TIMEOUT = 30.0  # how long a reference-framing client may take to send its init frame
 
 
-async def serve_pty(ws: WebSocket, ops: SandboxOps, sid: str) -> None:
+async def serve_pty(ws: WebSocket, ops: SandboxOps, sid: str, api_keys: list[str]) -> None:
     query = ws.query_params
     key, subprotocol = websocket_key(ws)
     reference = "command" not in query
     try:
-        check_key(ops.service.settings.api_keys, key)
-        await ops.service.agent(sid)  # refused before the handshake: no such sandbox, not up
+        check_key(api_keys, key)
+        await ops.agent(sid)  # refused before the handshake: no such sandbox, not up
     except ServiceError as e:
         return await _refuse(ws, e, subprotocol, reference)
     # Accept first: a close before accept is an HTTP 403 that loses code and reason.

@@ -188,7 +188,8 @@ class EmbeddedOrchestrator(ThreadedServer):
         self._remove_private()
 
     def reconcile_once(self) -> None:
-        """One reconcile pass now, instead of at the next interval (tests, notebooks)."""
+        """One pass of every reconcile loop now, instead of at their next period (tests,
+        notebooks)."""
         self.call(self.app.state.service.reconcile_once())
 
     def _remove_private(self) -> None:

@@ -1,5 +1,7 @@
-"""Recipes: training methods on top of rollouts (credit-assignment SFT, BAR RL, value-model
-reranking) and the reference loop that runs them end to end."""
+"""Recipes: training methods on top of rollouts (credit-assignment SFT, BAR RL, on-policy
+distillation, value-model reranking), the training loop they share (``loop``: one optimizer
+step, one sample -> update -> sync -> log loop), the policy server they train against
+(``policy_server``) and the reference pipeline that runs them end to end (``demo``)."""
 
 from orchard.extras import require
 
@@ -27,10 +29,12 @@ from orchard.recipes.credit import (
     key_steps,
 )
 from orchard.recipes.demo import Demo, DemoConfig, pretrained, run_demo
+from orchard.recipes.distill import distill_step, train_distill
+from orchard.recipes.loop import adamw, optimizer_step, train_loop, trainable
 from orchard.recipes.loss import masked_nll, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.models import load_policy, save_policy, smollm2_dir, tiny_llama
 from orchard.recipes.montecarlo import Continuation, MonteCarloAnnotator
-from orchard.recipes.policy_server.server import PolicyEngine, PolicyServer
+from orchard.recipes.policy_server import FolderSync, PolicyEngine, PolicyServer
 from orchard.recipes.rerank import (
     ValueModel,
     ValueModelConfig,
@@ -54,8 +58,8 @@ from orchard.recipes.sft import (
 from orchard.recipes.trajectories import Trajectory, load_trajectories
 
 __all__ = [
-    "AnnotationError", "Annotator", "BARConfig",
-    "ChatTemplateError", "Continuation", "Demo", "DemoConfig", "GroupResult", "JudgeError",
+    "AnnotationError", "Annotator", "BARConfig", "ChatTemplateError", "Continuation", "Demo",
+    "DemoConfig", "FolderSync", "GroupResult", "JudgeError",
     "MonteCarloAnnotator",
     "PolicyEngine", "PolicySampler", "PolicyServer", "RLConfig", "RetrospectiveAnnotator",
     "Rollout", "SFTConfig", "SFTExample", "Trajectory", "ValueCurve", "ValueModel",
@@ -66,4 +70,5 @@ __all__ = [
     "pad_right", "ppo_clip_loss", "policy_update", "pretrained", "rerank_run", "run_demo",
     "save_examples", "save_policy", "select_turns", "sft_train", "shift", "smollm2_dir",
     "tiny_llama", "to_dataset", "token_logprobs", "tokenize_conversation", "train_rl",
+    "adamw", "distill_step", "optimizer_step", "train_distill", "train_loop", "trainable",
 ]

@@ -11,7 +11,8 @@ One step, top to bottom:
    the student's tokens with the log-probs it sampled them with.
 2. The teacher scores the same token ids in one forward pass each (``teacher_logprobs``).
 3. Per-token advantages A_t = lp_teacher - lp_student (``distill_pairs``), no baseline.
-4. The PPO-clip update of ``rl.policy_update`` with those per-token advantages.
+4. The PPO-clip update of ``rl.policy_update`` with those per-token advantages; then the new
+   weights go to the server. The loop around the steps is RL's, ``loop.train_loop``.
 
     teacher_lp = teacher_logprobs(teacher, samples)
     stats = policy_update(student, optimizer, distill_pairs(samples, teacher_lp), config, pad)
@@ -19,7 +20,6 @@ One step, top to bottom:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,9 +28,10 @@ import torch
 
 from orchard.env.client import SandboxClient
 from orchard.eval.harness import Harness
+from orchard.recipes.loop import adamw, train_loop
 from orchard.recipes.loss import pad_id_of, token_logprobs
 from orchard.recipes.policy_server.weight_sync import ServesWeights
-from orchard.recipes.rl import PolicySampler, RLConfig, log_step, policy_update
+from orchard.recipes.rl import PolicySampler, RLConfig, policy_update
 from orchard.rollout.traces.samples import Sample
 from orchard.tasks.protocol import Task
 
@@ -88,29 +89,27 @@ def train_distill(student: torch.nn.Module, teacher: torch.nn.Module,
                   ) -> list[dict[str, Any]]:
     """``config.steps`` distillation steps: each samples ``rollouts_per_step`` rollouts of a
     task (in turn) by the student behind ``server`` through ``harness``, updates the student
-    on them and pushes its weights to the server. One record per step (also out/distill.jsonl).
-    The task's grade is kept for the record only: the teacher is the whole signal."""
+    on them and pushes its weights to the server. One record per step (also out/distill.jsonl);
+    the loop is ``loop.train_loop``, as in RL. The task's grade is kept for the record only:
+    the teacher is the whole signal."""
     if not tasks:
         raise ValueError("distillation needs at least one task to sample on")
     out.mkdir(parents=True, exist_ok=True)
-    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad],
-                                  lr=config.lr, weight_decay=0.0)
-    history = []
-    for step in range(config.steps):
-        started = time.monotonic()
+    optimizer = adamw(student, config.lr)
+
+    def sample(step: int) -> tuple[list[Sample], dict[str, Any]]:
         sampler = PolicySampler(client, harness, out / f"step-{step:03d}",
                                 concurrency=config.concurrency)
         rollouts = sampler(tasks[step % len(tasks)], rollouts_per_step)
         samples = [s for r in rollouts for s in r.payload[1]]
-        record: dict[str, Any] = {"step": step, "rollouts": len(rollouts),
-                                  "samples": len(samples),
-                                  "resolved": sum(bool(r.success) for r in rollouts)}
-        if samples:
-            record.update(distill_step(student, teacher, optimizer, samples, config))
-            record["weights_version"] = server.update(student)
-        record["seconds"] = time.monotonic() - started
-        log_step(record, history, out / "distill.jsonl", on_step)
-    return history
+        return samples, {"rollouts": len(rollouts), "samples": len(samples),
+                         "resolved": sum(bool(r.success) for r in rollouts)}
+
+    def update(samples: list[Sample]) -> dict[str, Any]:
+        return distill_step(student, teacher, optimizer, samples, config)
+
+    return train_loop(student, server, config.steps, sample=sample, update=update,
+                      log=out / "distill.jsonl", on_step=on_step)
 
 
 __all__ = ["distill_pairs", "distill_step", "reverse_kl", "teacher_logprobs", "train_distill"]

@@ -38,6 +38,7 @@ from transformers import (
 )
 
 from orchard.eval.results import RolloutResult, read_results
+from orchard.recipes.loop import optimizer_step
 from orchard.recipes.loss import pad_right, shift, token_logprobs
 from orchard.recipes.sft import ChatTemplateError, tokenize_conversation
 from orchard.recipes.trajectories import Trajectory, from_result
@@ -273,7 +274,9 @@ class ValueModel:
         labels = torch.tensor([float(r) for _, r in examples])
         cfg = self.config
         generator = torch.Generator().manual_seed(cfg.seed)
+        # torch's default weight decay (0.01), on every weight.
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        params = list(self.model.parameters())
         self.model.train()
         epoch_loss = []
         for _ in range(cfg.epochs):
@@ -281,10 +284,7 @@ class ValueModel:
             for batch in torch.randperm(len(rows), generator=generator).split(cfg.batch_size):
                 logits = self._logits([rows[i] for i in batch.tolist()])
                 loss = F.binary_cross_entropy_with_logits(logits, labels[batch].to(self.device))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-                optimizer.step()
+                optimizer_step(optimizer, params, [loss], grad_clip=1.0)
                 losses.append(loss.item())
             epoch_loss.append(mean(losses))
         self.model.eval()

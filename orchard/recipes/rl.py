@@ -14,6 +14,9 @@ One step, top to bottom:
    trained tokens), then the new weights go to the server. Time-exceeded rollouts count in
    their group's baseline but are not trained on.
 
+Steps 1-3 are ``sample_groups``, step 4 is ``policy_update``; the loop around them (sample ->
+update -> sync -> log) is ``loop.train_loop``, the one distillation runs too.
+
     history = train_rl(model, tasks, client, server, out, RLConfig(steps=4), harness=harness)
 """
 
@@ -21,8 +24,7 @@ from __future__ import annotations
 
 import json
 import random
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from orchard.recipes.bar import (
     filter_group,
     grpo_advantages,
 )
+from orchard.recipes.loop import adamw, optimizer_step, train_loop, trainable
 from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.policy_server.weight_sync import ServesWeights
 from orchard.rollout.traces.samples import Sample, build_samples
@@ -173,24 +176,28 @@ def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     mean over its trained tokens); its stats, token-weighted."""
     total = _trained_tokens(part)
     device = next(model.parameters()).device
-    optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
-    for i in range(0, len(part), config.micro_batch):
-        b = {k: v.to(device) for k, v in _batch(part[i:i + config.micro_batch], pad_id).items()}
-        mask = shift(b["mask"])
-        logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"],
-                                           mask=mask)
-        loss, stats = ppo_clip_loss(
-            logprobs, shift(b["old"]), shift(b["advantages"]), mask, clip_low=config.clip_low,
-            clip_high=config.clip_high, entropy=entropy, entropy_coef=config.entropy_coef,
-            num_tokens=total)
-        loss.backward()
-        weight = mask.sum().item() / total
-        for key, value in {"loss": loss.item() / weight, **stats}.items():
-            sums[key] = sums.get(key, 0.0) + value * weight
-    sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
-        [p for p in model.parameters() if p.requires_grad], config.grad_clip))
-    optimizer.step()
+
+    def micro_losses() -> Iterator[torch.Tensor]:
+        for i in range(0, len(part), config.micro_batch):
+            b = {k: v.to(device)
+                 for k, v in _batch(part[i:i + config.micro_batch], pad_id).items()}
+            mask = shift(b["mask"])
+            logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"],
+                                               mask=mask)
+            # Divided by the whole minibatch's token count, not this micro-batch's: the
+            # accumulated gradient is then that of the minibatch's token mean.
+            loss, stats = ppo_clip_loss(
+                logprobs, shift(b["old"]), shift(b["advantages"]), mask,
+                clip_low=config.clip_low, clip_high=config.clip_high, entropy=entropy,
+                entropy_coef=config.entropy_coef, num_tokens=total)
+            weight = mask.sum().item() / total
+            for key, value in {"loss": loss.item() / weight, **stats}.items():
+                sums[key] = sums.get(key, 0.0) + value * weight
+            yield loss
+
+    sums["grad_norm"] = optimizer_step(optimizer, trainable(model), micro_losses(),
+                                       grad_clip=config.grad_clip)
     sums["tokens"] = float(total)
     return sums
 
@@ -238,68 +245,56 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
     rollouts are ``harness``'s, calling the server (e.g. the domain's policy harness:
     ``MiniSweAgentHarness(server.url, model, render_with=tokenizer_dir)`` for SWE tasks, the
     browser agent for web tasks). Returns one record per step (also appended to
-    out/rl.jsonl)."""
+    out/rl.jsonl); the loop is ``loop.train_loop``."""
     if not tasks:
         raise ValueError("RL needs at least one task")
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
     pad_id = pad_id_of(model)
-    # Only what trains: with LoRA, the adapters.
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=config.lr, weight_decay=0.0)
-    history: list[dict[str, Any]] = []
-    for step in range(config.steps):
-        started = time.monotonic()
+    optimizer = adamw(model, config.lr)
+
+    def sample(step: int) -> tuple[list[tuple[Sample, Advantage]], dict[str, Any]]:
         sampler = PolicySampler(client, harness, out / f"step-{step:03d}",
                                 concurrency=config.concurrency)
-        built: list[GroupResult] = []
+        return sample_groups(tasks, sampler, rng, config)
 
-        def make_group(task: Task, sampler: PolicySampler = sampler,
-                       built: list[GroupResult] = built) -> list[Rollout]:
-            result = bar_group(lambda k: sampler(task, k), config.bar)
-            built.append(result)
-            return result.group
+    def update(pairs: list[tuple[Sample, Advantage]]) -> dict[str, Any]:
+        return policy_update(model, optimizer, pairs, config, pad_id)
 
-        # Over-sampling: dropped groups are replaced by fresh prompts, up to a bound, so a
-        # policy that fails everywhere (every group zero-spread) cannot sample the whole pool.
-        prompts = rng.sample(list(tasks), min(len(tasks),
-                                               config.batch_prompts * config.oversample))
-        kept, dropped = fill_batch(prompts, make_group, config.batch_prompts, filter_group)
-        rollout_seconds = time.monotonic() - started
-        pairs = training_pairs([group for _, group in kept])
-        record: dict[str, Any] = {
-            "step": step, "groups": len(kept), "dropped": [reason for _, reason in dropped],
-            "modes": [g.mode for g in built],
-            "rollouts": sum(len(g.pool) for g in built),
-            "resolved_rate": (sum(r.reward is not None and r.positive for g in built
-                                  for r in g.pool)
-                              / max(1, sum(len(g.pool) for g in built))),
-            # With a rubric judge the reward is base + 0.5 J: above the resolved rate when
-            # the judge liked unsolved work.
-            "mean_reward": _mean([r.reward for g in built for r in g.pool
-                                  if r.reward is not None]),
-            "rollout_seconds": rollout_seconds, "samples": len(pairs)}
-        if pairs:
-            t0 = time.monotonic()
-            record.update(policy_update(model, optimizer, pairs, config, pad_id))
-            record["train_seconds"] = time.monotonic() - t0
-            record["weights_version"] = server.update(model)
-        else:
-            record["train_seconds"] = 0.0  # every group was dropped: nothing to learn from
-        record["seconds"] = time.monotonic() - started
-        log_step(record, history, out / "rl.jsonl", on_step)
-    return history
+    return train_loop(model, server, config.steps, sample=sample, update=update,
+                      log=out / "rl.jsonl", on_step=on_step)
 
 
-def log_step(record: dict[str, Any], history: list[dict[str, Any]], path: Path,
-             on_step: Callable[[dict[str, Any]], None] | None) -> None:
-    """A trainer step's record: kept, appended to ``path`` as a JSON line, handed on."""
-    history.append(record)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-    if on_step is not None:
-        on_step(record)
+def sample_groups(tasks: Sequence[Task], sampler: Callable[[Task, int], list[Rollout]],
+                  rng: random.Random, config: RLConfig
+                  ) -> tuple[list[tuple[Sample, Advantage]], dict[str, Any]]:
+    """One step's rollouts: BAR groups on prompts drawn from ``tasks`` until
+    ``config.batch_prompts`` groups are kept; ``sampler(task, k)`` gives k new rollouts whose
+    payload is (result, samples), as ``PolicySampler`` does. Returns their (sample, GRPO
+    advantage) pairs and a record of the sampling (groups kept, drops and why, BAR's modes,
+    rewards)."""
+    built: list[GroupResult] = []
+
+    def make_group(task: Task) -> list[Rollout]:
+        result = bar_group(lambda k: sampler(task, k), config.bar)
+        built.append(result)
+        return result.group
+
+    # Over-sampling: dropped groups are replaced by fresh prompts, up to a bound, so a policy
+    # that fails everywhere (every group zero-spread) cannot sample the whole pool.
+    prompts = rng.sample(list(tasks), min(len(tasks), config.batch_prompts * config.oversample))
+    kept, dropped = fill_batch(prompts, make_group, config.batch_prompts, filter_group)
+    pairs = training_pairs([group for _, group in kept])
+    pool = [r for g in built for r in g.pool]
+    return pairs, {
+        "groups": len(kept), "dropped": [reason for _, reason in dropped],
+        "modes": [g.mode for g in built], "rollouts": len(pool),
+        "resolved_rate": sum(r.reward is not None and r.positive for r in pool) / max(1, len(pool)),
+        # With a rubric judge the reward is base + 0.5 J: above the resolved rate when the
+        # judge liked unsolved work.
+        "mean_reward": _mean([r.reward for r in pool if r.reward is not None]),
+        "samples": len(pairs)}
 
 
 __all__ = ["Advantage", "PolicySampler", "RLConfig", "policy_update", "rollout_status",
-           "train_rl", "training_pairs"]
+           "sample_groups", "train_rl", "training_pairs"]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from orchard.recipes.loop import adamw, optimizer_step, trainable
 from orchard.recipes.loss import masked_nll, pad_id_of, pad_right, shift, token_logprobs
 from orchard.recipes.trajectories import Trajectory
 from orchard.rollout.tokenizer import apply_template
@@ -327,12 +328,8 @@ def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SF
     if config.max_steps is not None:
         total = min(total, config.max_steps)
 
-    # As nanoGPT: decay the matrices, not the norms and biases.
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2],
-               "weight_decay": config.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=config.lr)
+    params = trainable(model)
+    optimizer = adamw(model, config.lr, config.weight_decay)
     if accelerator is not None:
         model, optimizer = accelerator.prepare(model, optimizer)
 
@@ -346,29 +343,21 @@ def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SF
             if step >= total:
                 return history
             lr = lr_at(step, total, config)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
             rows = order[first:first + config.batch_size][rank::world]
             batch = collate([examples[k] for k in rows], pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
             started = time.perf_counter()
 
             loss = sft_loss(model, **batch)
-            optimizer.zero_grad(set_to_none=True)
-            if accelerator is not None:
-                accelerator.backward(loss)
-                grad_norm = accelerator.clip_grad_norm_(params, config.grad_clip)
-            else:
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            optimizer.step()
+            grad_norm = optimizer_step(optimizer, params, [loss], grad_clip=config.grad_clip,
+                                       lr=lr, accelerator=accelerator)
 
             seconds = time.perf_counter() - started
             tokens = int(batch["attention_mask"].sum())
             metrics = {"step": step, "epoch": epoch, "loss": loss.item(), "tokens": tokens,
                        "trained_tokens": int(batch["loss_mask"][:, 1:].sum()),
                        "tokens_per_s": tokens / seconds, "lr": lr,
-                       "grad_norm": float(grad_norm)}
+                       "grad_norm": grad_norm}
             history.append(metrics)
             if on_step is not None:
                 on_step(metrics)

@@ -29,7 +29,7 @@ class AssistantContinuation:
 
     def __call__(self, task: AssistantTask, sandbox: Sandbox, history: list[dict[str, Any]],
                  sample: int, labels: dict[str, str]) -> str:
-        from orchard.rollout.agents.assistant_agent import run_assistant
+        from orchard.domains.assistant.assistant_agent import run_assistant
 
         done = sum(1 for m in history if m.get("role") == "assistant")
         result = run_assistant(sandbox, task.goal, self.model_url, self.model,

@@ -33,7 +33,7 @@ class AgentContinuation:
 
     def __call__(self, task: SweTask, sandbox: Sandbox, history: list[dict[str, Any]],
                  sample: int, labels: dict[str, str]) -> str:
-        from orchard.rollout.agents.minisweagent import run_task
+        from orchard.domains.swe.minisweagent import run_task
 
         base = sandbox.exec("git rev-parse HEAD", cwd=task.workdir, timeout=60).stdout.strip()
         done = run_task(

@@ -27,7 +27,7 @@ class BrowserContinuation:
 
     def __call__(self, task: WebTask, sandbox: Sandbox, history: list[dict[str, Any]],
                  sample: int, labels: dict[str, str]) -> str:
-        from orchard.rollout.agents.browser_agent import run_browser_agent
+        from orchard.domains.web.browser_agent import run_browser_agent
 
         done = sum(1 for m in history if m.get("role") == "assistant")
         result = run_browser_agent(

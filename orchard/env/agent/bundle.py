@@ -34,6 +34,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchard.env.errors import OrchestratorError
 from orchard.env.filelock import exclusive_lock
 
 __all__ = ["BUNDLE_MOUNT", "BundleError", "agent_command", "bundle_key", "ensure_bundle"]
@@ -70,7 +71,7 @@ _PRUNED_DIRS = frozenset(
 _PRUNED_EXTENSION_PREFIXES = ("_tkinter.", "_test", "_ctypes_test.", "_xxtestfuzz.", "xxlimited")
 
 
-class BundleError(RuntimeError):
+class BundleError(OrchestratorError, RuntimeError):
     """The interpreter bundle could not be built."""
 
 

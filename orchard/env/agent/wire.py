@@ -16,6 +16,8 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
+from orchard.env.errors import OrchestratorError
+
 CHUNK = 1 << 16  # the most read from the agent's socket at once (and its longest line)
 # The genuine agent's heads are a status line and a few short headers.
 MAX_HEAD_BYTES = 64 << 10
@@ -25,7 +27,7 @@ _T = TypeVar("_T")
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-class AgentError(Exception):
+class AgentError(OrchestratorError):
     """The agent answered with an error (``status`` is its HTTP status)."""
 
     def __init__(self, status: int, detail: str) -> None:

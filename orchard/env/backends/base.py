@@ -12,10 +12,11 @@ import hmac
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from orchard.env.errors import OrchestratorError
 from orchard.env.schema import LimitReport
 
 
-class BackendError(RuntimeError):
+class BackendError(OrchestratorError, RuntimeError):
     """A sandbox could not be created or reached; the message says why and what to do."""
 
 
@@ -51,7 +52,7 @@ class SnapshotMade:
     size_bytes: int  # bytes on disk of what this snapshot adds (not its parents or image)
 
 
-class SpecRejected(ValueError):
+class SpecRejected(OrchestratorError, ValueError):
     """The backend cannot run this spec (e.g. an image it cannot resolve); says what to change."""
 
 
@@ -77,6 +78,12 @@ class SandboxHandle:
 @runtime_checkable
 class Backend(Protocol):
     name: str
+
+    @property
+    def namespace(self) -> str | None:
+        """Where on its platform the backend's sandboxes live (a Kubernetes namespace),
+        recorded with each sandbox; None where there is no such place."""
+        ...
 
     def check(self, spec: SandboxSpec) -> None:
         """Raise SpecRejected if this backend could never run spec; called before any record."""

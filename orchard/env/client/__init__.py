@@ -1,6 +1,7 @@
 """Python SDK of the Orchard sandbox service: a blocking and an asyncio client."""
 
-from orchard.env.client.async_client import AsyncPtySession, AsyncSandbox, AsyncSandboxClient
+from orchard.env.client.async_client import AsyncSandbox, AsyncSandboxClient
+from orchard.env.client.async_pty import AsyncPtySession
 from orchard.env.client.base import RetryPolicy
 from orchard.env.client.calls import ExecOptions
 from orchard.env.client.errors import (
@@ -24,7 +25,8 @@ from orchard.env.client.service_transport import (
     AsyncSandboxServiceTransport,
     SandboxServiceTransport,
 )
-from orchard.env.client.sync_client import PtySession, Sandbox, SandboxClient
+from orchard.env.client.sync_client import Sandbox, SandboxClient
+from orchard.env.client.sync_pty import PtySession
 
 __all__ = [
     "APIError",

@@ -1,10 +1,15 @@
-"""The asyncio twin of ``sync_client``: same names and arguments, awaitable.
+"""The client: :class:`AsyncSandboxClient` and its :class:`AsyncSandbox` handles.
 
 Example::
 
     async with AsyncSandboxClient() as client:
         async with await client.create_sandbox() as sb:
             r = await sb.exec("python3 -c 'print(6*7)'")
+            assert r.stdout == "42\\n" and r.exit_code == 0
+
+``async_client.py`` is the source of both twins: ``scripts/unasync.py`` writes the blocking one,
+``sync_client.py``, from it by renaming tokens. Where the two differ, this one calls helpers
+of ``_async_io``; the other module has helpers of the same names.
 """
 
 from __future__ import annotations
@@ -15,19 +20,18 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Seq
 from pathlib import Path
 from typing import Any, Self, TypeVar, Unpack
 
-import anyio
 import httpx
-import wsproto.events
-from httpx_ws import (
-    AsyncWebSocketSession,
-    WebSocketDisconnect,
-    WebSocketNetworkError,
-    WebSocketUpgradeError,
-    aconnect_ws,
-)
 
 from orchard.env import browser_schema, http_schema, schema
 from orchard.env.client import errors
+from orchard.env.client._async_io import (
+    for_each,
+    open_file,
+    remove_file,
+    replace_file,
+    sleep,
+)
+from orchard.env.client.async_pty import AsyncPtySession
 from orchard.env.client.base import (
     CHUNK_SIZE,
     DEFAULT_READY_TIMEOUT,
@@ -43,9 +47,6 @@ from orchard.env.client.calls import (
     ExecOptions,
     exec_request,
     parse_event,
-    pty_exit_code,
-    pty_refused,
-    pty_resize_message,
 )
 from orchard.env.client.http_errors import download_errors, wire_errors
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
@@ -54,7 +55,11 @@ T = TypeVar("T")
 
 
 class AsyncSandboxClient(BaseClient):
-    """Async twin of :class:`SandboxClient`."""
+    """Talks to an Orchard orchestrator; deletes the sandboxes it created when closed.
+
+    ``base_url`` and ``api_key`` default to ``ORCHARD_URL`` and ``ORCHARD_API_KEY``.
+    ``AsyncSandboxClient.local()`` starts a private orchestrator in this process instead.
+    """
 
     def __init__(
         self,
@@ -99,7 +104,7 @@ class AsyncSandboxClient(BaseClient):
                     return response
                 delay = self._delay_after_response(call, attempt, response)
             attempt += 1
-            await anyio.sleep(delay)
+            await sleep(delay)
 
     async def _call(self, call: Call[T], content: Callable[[], Any] | None = None) -> T:
         return call.parse(await self._send(call, content))
@@ -191,9 +196,7 @@ class AsyncSandboxClient(BaseClient):
 
     async def cleanup_all(self) -> None:
         """Delete every sandbox this client created and has not deleted yet (best effort)."""
-        async with anyio.create_task_group() as tg:
-            for sandbox_id in list(self._created):
-                tg.start_soon(self._discard, sandbox_id)
+        await for_each(self._discard, list(self._created))
 
     # --- snapshots ---
 
@@ -226,7 +229,7 @@ class AsyncSandboxClient(BaseClient):
 
 
 class AsyncSandbox(SandboxBase):
-    """Async twin of :class:`Sandbox`; ``async with`` deletes the sandbox on exit."""
+    """A handle on one sandbox; ``async with`` deletes the sandbox on exit."""
 
     def __init__(self, client: AsyncSandboxClient, info: schema.SandboxInfo) -> None:
         super().__init__(info)
@@ -259,17 +262,27 @@ class AsyncSandbox(SandboxBase):
 
     # --- branching ---
 
-    async def snapshot(self, snapshot_id: str | None = None, *,
-                 labels: Mapping[str, str] | None = None,
-                 ttl: float | None = None) -> schema.SnapshotInfo:
+    async def snapshot(
+        self,
+        snapshot_id: str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+    ) -> schema.SnapshotInfo:
         """Keep its files (not its processes) as a snapshot to create sandboxes from."""
         request = schema.SnapshotRequest(snapshot_id=snapshot_id, labels=dict(labels or {}),
                                          ttl=ttl)
         return await self._client._call(API.snapshot(self.id, request))
 
-    async def fork(self, count: int = 1, *, labels: Mapping[str, str] | None = None,
-             ttl: float | None = None, keep_snapshot: bool = False,
-             wait: bool = True) -> list[AsyncSandbox]:
+    async def fork(
+        self,
+        count: int = 1,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+        keep_snapshot: bool = False,
+        wait: bool = True,
+    ) -> list[AsyncSandbox]:
         """``count`` new sandboxes starting from its files as they are now."""
         request = schema.ForkRequest(count=count, labels=dict(labels or {}), ttl=ttl,
                                      keep_snapshot=keep_snapshot)
@@ -282,16 +295,25 @@ class AsyncSandbox(SandboxBase):
             await sandbox.wait_ready()
         return forks
 
-    async def browser(self, action: browser_schema.BrowserVerb = "observe",
-                      **params: Any) -> browser_schema.BrowserObservation:
+    async def browser(
+        self, action: browser_schema.BrowserVerb = "observe", **params: Any
+    ) -> browser_schema.BrowserObservation:
         """One action in the sandbox's browser (goto url=, click id=, type id= text=, select,
         scroll, press key=, back, tab op=; screenshot=True adds a PNG), and the page after."""
         request = browser_schema.BrowserAction(action=action, **params)
         return await self._client._call(API.browser(self.id, request))
 
-    async def http(self, port: int, path: str = "/", method: http_schema.Method = "GET", *,
-             json: Any = None, body: str = "", headers: Mapping[str, str] | None = None,
-             timeout: float = 30.0) -> http_schema.ServiceResponse:
+    async def http(
+        self,
+        port: int,
+        path: str = "/",
+        method: http_schema.Method = "GET",
+        *,
+        json: Any = None,
+        body: str = "",
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> http_schema.ServiceResponse:
         """A request to a service this sandbox serves on its own 127.0.0.1:``port``."""
         request = http_schema.service_request(port, path, method, json, body, headers, timeout)
         return await self._client._call(API.http(self.id, request))
@@ -328,7 +350,7 @@ class AsyncSandbox(SandboxBase):
     async def stream(
         self, command: str | Sequence[str], **options: Unpack[ExecOptions]
     ) -> AsyncIterator[ExecEvent]:
-        """``async for`` over output chunks, then one ``exit`` event with the job.
+        """Output chunks as they come, then one ``exit`` event with the job (``async for``).
 
         The command starts when iteration does.
         """
@@ -374,7 +396,7 @@ class AsyncSandbox(SandboxBase):
         return await self._client._call(API.apply_patch(self.id, request))
 
     async def pty(self, command: str = "bash", cols: int = 80, rows: int = 24) -> AsyncPtySession:
-        """An open terminal; close it (or ``async with`` it) in the task that opened it."""
+        """An open terminal; close it (or use it in ``async with``) where it was opened."""
         path, params = API.pty(self.id, command, cols, rows)
         return await AsyncPtySession.open(self._client._http, path, params)
 
@@ -392,11 +414,11 @@ class AsyncSandbox(SandboxBase):
         path: str,
         mode: int | None = None,
     ) -> schema.FileWriteResult:
-        """Stream a local file (or an async iterable of byte chunks) to ``path``."""
+        """Stream a local file (or an ``AsyncIterable`` of byte chunks) to ``path``."""
         if isinstance(source, str | os.PathLike):
             local = Path(source)
             return await self._client._call(
-                API.upload_raw(self.id, path, mode, replayable=True), lambda: _aiter_file(local)
+                API.upload_raw(self.id, path, mode, replayable=True), lambda: _file_chunks(local)
             )
         chunks = source
         return await self._client._call(
@@ -410,21 +432,24 @@ class AsyncSandbox(SandboxBase):
                 return await response.aread()
 
     async def download_file(self, path: str, local_path: str | os.PathLike[str]) -> int:
-        """Stream ``path`` to ``local_path`` (via ``<local_path>.part``); returns the byte count."""
-        target = anyio.Path(local_path)
+        """Stream ``path`` to ``local_path``; returns the byte count.
+
+        The data lands in ``<local_path>.part`` first, so a failed download leaves no
+        truncated file under the real name.
+        """
+        target = Path(local_path)
         partial = target.with_name(target.name + ".part")
         response = await self._client._send(API.download_raw(self.id, path))
         size = 0
         try:
-            async with contextlib.aclosing(response), await partial.open("wb") as out:
+            async with contextlib.aclosing(response), await open_file(partial, "wb") as out:
                 with download_errors(self.id, path):
                     async for chunk in response.aiter_bytes(CHUNK_SIZE):
                         await out.write(chunk)
                         size += len(chunk)
-            await partial.replace(target)
+            await replace_file(partial, target)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await partial.unlink(missing_ok=True)
+            await remove_file(partial)
             raise
         return size
 
@@ -438,64 +463,7 @@ class AsyncSandbox(SandboxBase):
         await self._client._call(API.remove(self.id, path, recursive))
 
 
-async def _aiter_file(path: Path) -> AsyncIterator[bytes]:
-    async with await anyio.open_file(path, "rb") as f:
+async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+    async with await open_file(path, "rb") as f:
         while chunk := await f.read(CHUNK_SIZE):
             yield chunk
-
-
-class AsyncPtySession:
-    """Async twin of :class:`PtySession`; get one from :meth:`AsyncSandbox.pty`."""
-
-    def __init__(self, ws: AsyncWebSocketSession, stack: contextlib.AsyncExitStack) -> None:
-        self.exit_code: int | None = None
-        self._done = False
-        self._ws = ws
-        self._stack = stack
-
-    @classmethod
-    async def open(
-        cls, http: httpx.AsyncClient, path: str, params: dict[str, str | int]
-    ) -> AsyncPtySession:
-        stack = contextlib.AsyncExitStack()
-        try:
-            ws: AsyncWebSocketSession = await stack.enter_async_context(
-                aconnect_ws(path, http, params=params)
-            )
-        except WebSocketUpgradeError as exc:
-            raise pty_refused(exc.response) from None
-        except httpx.TransportError as exc:
-            raise errors.TransportError(f"opening terminal: {exc}") from exc
-        return cls(ws, stack)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def send(self, data: bytes) -> None:
-        await self._ws.send_bytes(data)
-
-    async def resize(self, cols: int, rows: int) -> None:
-        await self._ws.send_text(pty_resize_message(cols, rows))
-
-    async def recv(self, timeout: float | None = None) -> bytes:
-        """The next chunk of output; ``b""`` once the command exited (see ``exit_code``)."""
-        while not self._done:
-            try:
-                event = await self._ws.receive(timeout)
-            except WebSocketDisconnect:
-                self._done = True
-            except WebSocketNetworkError as exc:
-                raise errors.TransportError("terminal connection lost") from exc
-            else:
-                if isinstance(event, wsproto.events.BytesMessage):
-                    return bytes(event.data)
-                if isinstance(event, wsproto.events.TextMessage):
-                    self.exit_code = pty_exit_code(event.data)
-                    self._done = self.exit_code is not None
-        return b""
-
-    async def close(self) -> None:
-        await self._stack.aclose()

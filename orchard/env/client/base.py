@@ -1,9 +1,10 @@
 """What the sync and async clients share: configuration, retry decisions, cleanup.
 
-Each endpoint is described once, without I/O, in ``calls.py``; the twins (``sync_client.py``,
-``async_client.py``) only send calls, sleep for as long as :class:`BaseClient` says, and hand
-the response to ``call.parse``. The one blocking exception is the cleanup on SIGINT/SIGTERM
-(``_signals.py``), which must work from a signal handler.
+Each endpoint is described once, without I/O, in ``calls.py``; the twins (``async_client.py``,
+and ``sync_client.py`` generated from it by ``scripts/unasync.py``) only send calls, sleep for
+as long as :class:`BaseClient` says, and hand the response to ``call.parse``. The one blocking
+exception is the cleanup on SIGINT/SIGTERM (``_signals.py``), which must work from a signal
+handler.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class BaseClient:
     def local(cls, data_dir: Path | None = None, **settings: Any) -> Self:
         """A client of a private orchestrator started in this process, stopped on close."""
         # The server drags in FastAPI and the backends; only this constructor needs them.
+        # It is the one import of the server in the SDK, named in the import-linter contract.
         from orchard.env.server import EmbeddedOrchestrator
 
         orchestrator = EmbeddedOrchestrator(data_dir, **settings)

@@ -1,34 +1,42 @@
-"""The blocking client: :class:`SandboxClient` and its :class:`Sandbox` handles.
+# Generated from async_client.py by scripts/unasync.py: do not edit by hand.
+# Edit async_client.py, then run `python scripts/unasync.py`; the tests fail while
+# this file is stale. Its imports keep the source's order, and an `async with` nested
+# around a `with` stays nested here.
+# ruff: noqa: I001, SIM117
+"""The client: :class:`SandboxClient` and its :class:`Sandbox` handles.
 
 Example::
 
-    with SandboxClient() as client, client.create_sandbox() as sb:
-        r = sb.exec("python3 -c 'print(6*7)'")
-        assert r.stdout == "42\\n" and r.exit_code == 0
+    with SandboxClient() as client:
+        with client.create_sandbox() as sb:
+            r = sb.exec("python3 -c 'print(6*7)'")
+            assert r.stdout == "42\\n" and r.exit_code == 0
+
+``async_client.py`` is the source of both twins: ``scripts/unasync.py`` writes the blocking one,
+``sync_client.py``, from it by renaming tokens. Where the two differ, this one calls helpers
+of ``_sync_io``; the other module has helpers of the same names.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import queue
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar, Unpack
 
 import httpx
-import wsproto.events
-from httpx_ws import (
-    WebSocketDisconnect,
-    WebSocketNetworkError,
-    WebSocketSession,
-    WebSocketUpgradeError,
-    connect_ws,
-)
 
 from orchard.env import browser_schema, http_schema, schema
 from orchard.env.client import errors
+from orchard.env.client._sync_io import (
+    for_each,
+    open_file,
+    remove_file,
+    replace_file,
+    sleep,
+)
+from orchard.env.client.sync_pty import PtySession
 from orchard.env.client.base import (
     CHUNK_SIZE,
     DEFAULT_READY_TIMEOUT,
@@ -44,9 +52,6 @@ from orchard.env.client.calls import (
     ExecOptions,
     exec_request,
     parse_event,
-    pty_exit_code,
-    pty_refused,
-    pty_resize_message,
 )
 from orchard.env.client.http_errors import download_errors, wire_errors
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
@@ -87,14 +92,16 @@ class SandboxClient(BaseClient):
             self._http.close()
             self._release()
 
-    def _send(self, call: Call[Any], content: Callable[[], Any] | None = None) -> httpx.Response:
+    def _send(
+        self, call: Call[Any], content: Callable[[], Any] | None = None
+    ) -> httpx.Response:
         attempt = 0
         while True:
             try:
                 request = self._request(self._http, call, content() if content else None)
                 response = self._http.send(request, stream=call.stream)
                 if call.stream and response.is_error:
-                    response.read()  # a small JSON error body: its detail goes in the exception
+                    response.read()  # a small JSON error body: its detail goes in the error
             except httpx.TransportError as exc:
                 delay = self._delay_after_error(call, attempt, exc)
             else:
@@ -102,7 +109,7 @@ class SandboxClient(BaseClient):
                     return response
                 delay = self._delay_after_response(call, attempt, response)
             attempt += 1
-            time.sleep(delay)
+            sleep(delay)
 
     def _call(self, call: Call[T], content: Callable[[], Any] | None = None) -> T:
         return call.parse(self._send(call, content))
@@ -156,9 +163,11 @@ class SandboxClient(BaseClient):
     def get_sandbox(self, sandbox_id: str) -> Sandbox:
         return Sandbox(self, self._call(API.get_sandbox(sandbox_id)))
 
-    def list_sandboxes(self, labels: Mapping[str, str] | None = None) -> list[schema.SandboxInfo]:
+    def list_sandboxes(
+        self, labels: Mapping[str, str] | None = None
+    ) -> list[schema.SandboxInfo]:
         """All sandboxes, or those carrying every one of ``labels``."""
-        return self._call(API.list_sandboxes(labels)).sandboxes
+        return (self._call(API.list_sandboxes(labels))).sandboxes
 
     def events(
         self,
@@ -192,8 +201,7 @@ class SandboxClient(BaseClient):
 
     def cleanup_all(self) -> None:
         """Delete every sandbox this client created and has not deleted yet (best effort)."""
-        for sandbox_id in list(self._created):
-            self._discard(sandbox_id)
+        for_each(self._discard, list(self._created))
 
     # --- snapshots ---
 
@@ -259,17 +267,27 @@ class Sandbox(SandboxBase):
 
     # --- branching ---
 
-    def snapshot(self, snapshot_id: str | None = None, *,
-                 labels: Mapping[str, str] | None = None,
-                 ttl: float | None = None) -> schema.SnapshotInfo:
+    def snapshot(
+        self,
+        snapshot_id: str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+    ) -> schema.SnapshotInfo:
         """Keep its files (not its processes) as a snapshot to create sandboxes from."""
         request = schema.SnapshotRequest(snapshot_id=snapshot_id, labels=dict(labels or {}),
                                          ttl=ttl)
         return self._client._call(API.snapshot(self.id, request))
 
-    def fork(self, count: int = 1, *, labels: Mapping[str, str] | None = None,
-             ttl: float | None = None, keep_snapshot: bool = False,
-             wait: bool = True) -> list[Sandbox]:
+    def fork(
+        self,
+        count: int = 1,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+        keep_snapshot: bool = False,
+        wait: bool = True,
+    ) -> list[Sandbox]:
         """``count`` new sandboxes starting from its files as they are now."""
         request = schema.ForkRequest(count=count, labels=dict(labels or {}), ttl=ttl,
                                      keep_snapshot=keep_snapshot)
@@ -282,16 +300,25 @@ class Sandbox(SandboxBase):
             sandbox.wait_ready()
         return forks
 
-    def browser(self, action: browser_schema.BrowserVerb = "observe",
-                **params: Any) -> browser_schema.BrowserObservation:
+    def browser(
+        self, action: browser_schema.BrowserVerb = "observe", **params: Any
+    ) -> browser_schema.BrowserObservation:
         """One action in the sandbox's browser (goto url=, click id=, type id= text=, select,
         scroll, press key=, back, tab op=; screenshot=True adds a PNG), and the page after."""
         request = browser_schema.BrowserAction(action=action, **params)
         return self._client._call(API.browser(self.id, request))
 
-    def http(self, port: int, path: str = "/", method: http_schema.Method = "GET", *,
-             json: Any = None, body: str = "", headers: Mapping[str, str] | None = None,
-             timeout: float = 30.0) -> http_schema.ServiceResponse:
+    def http(
+        self,
+        port: int,
+        path: str = "/",
+        method: http_schema.Method = "GET",
+        *,
+        json: Any = None,
+        body: str = "",
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> http_schema.ServiceResponse:
         """A request to a service this sandbox serves on its own 127.0.0.1:``port``."""
         request = http_schema.service_request(port, path, method, json, body, headers, timeout)
         return self._client._call(API.http(self.id, request))
@@ -307,7 +334,9 @@ class Sandbox(SandboxBase):
 
     # --- commands ---
 
-    def exec(self, command: str | Sequence[str], **options: Unpack[ExecOptions]) -> ExecResult:
+    def exec(
+        self, command: str | Sequence[str], **options: Unpack[ExecOptions]
+    ) -> ExecResult:
         """Run to completion. A string goes through ``/bin/sh -c``; a list is an argv."""
         result = self._client._call(API.exec(self.id, exec_request(command, **options)))
         # The server stopped waiting (a hung agent, a long queue): follow the job instead.
@@ -326,15 +355,16 @@ class Sandbox(SandboxBase):
     def stream(
         self, command: str | Sequence[str], **options: Unpack[ExecOptions]
     ) -> Iterator[ExecEvent]:
-        """Output chunks as they come, then one ``exit`` event with the job.
+        """Output chunks as they come, then one ``exit`` event with the job (``for``).
 
         The command starts when iteration does.
         """
         response = self._client._send(API.stream(self.id, exec_request(command, **options)))
-        with contextlib.closing(response), wire_errors(f"streaming from sandbox {self.id}"):
-            for line in response.iter_lines():
-                if line:
-                    yield parse_event(line)
+        with contextlib.closing(response):
+            with wire_errors(f"streaming from sandbox {self.id}"):
+                for line in response.iter_lines():
+                    if line:
+                        yield parse_event(line)
 
     def get_job(self, job_id: str) -> ExecResult:
         return self._client.get_job(job_id)
@@ -343,10 +373,12 @@ class Sandbox(SandboxBase):
         self, command: str | Sequence[str], **options: Unpack[ExecOptions]
     ) -> schema.ProcessInfo:
         """Start a long-lived background process (a server, a watcher)."""
-        return self._client._call(API.start_process(self.id, exec_request(command, **options)))
+        return self._client._call(
+            API.start_process(self.id, exec_request(command, **options))
+        )
 
     def list_processes(self) -> list[schema.ProcessInfo]:
-        return self._client._call(API.list_processes(self.id)).processes
+        return (self._client._call(API.list_processes(self.id))).processes
 
     def get_process(self, process_id: str | int) -> schema.ProcessInfo:
         return self._client._call(API.get_process(self.id, process_id))
@@ -369,8 +401,9 @@ class Sandbox(SandboxBase):
         return self._client._call(API.apply_patch(self.id, request))
 
     def pty(self, command: str = "bash", cols: int = 80, rows: int = 24) -> PtySession:
+        """An open terminal; close it (or use it in ``with``) where it was opened."""
         path, params = API.pty(self.id, command, cols, rows)
-        return PtySession(self._client._http, path, params)
+        return PtySession.open(self._client._http, path, params)
 
     # --- files ---
 
@@ -386,11 +419,11 @@ class Sandbox(SandboxBase):
         path: str,
         mode: int | None = None,
     ) -> schema.FileWriteResult:
-        """Stream a local file (or any iterable of byte chunks) to ``path`` in the sandbox."""
+        """Stream a local file (or an ``Iterable`` of byte chunks) to ``path``."""
         if isinstance(source, str | os.PathLike):
             local = Path(source)
             return self._client._call(
-                API.upload_raw(self.id, path, mode, replayable=True), lambda: _iter_file(local)
+                API.upload_raw(self.id, path, mode, replayable=True), lambda: _file_chunks(local)
             )
         chunks = source
         return self._client._call(
@@ -399,11 +432,9 @@ class Sandbox(SandboxBase):
 
     def download_content(self, path: str) -> bytes:
         response = self._client._send(API.download_raw(self.id, path))
-        with (
-            contextlib.closing(response),
-            download_errors(self.id, path),
-        ):
-            return response.read()
+        with contextlib.closing(response):
+            with download_errors(self.id, path):
+                return response.read()
 
     def download_file(self, path: str, local_path: str | os.PathLike[str]) -> int:
         """Stream ``path`` to ``local_path``; returns the byte count.
@@ -416,17 +447,14 @@ class Sandbox(SandboxBase):
         response = self._client._send(API.download_raw(self.id, path))
         size = 0
         try:
-            with (
-                contextlib.closing(response),
-                partial.open("wb") as out,
-                download_errors(self.id, path),
-            ):
-                for chunk in response.iter_bytes(CHUNK_SIZE):
-                    out.write(chunk)
-                    size += len(chunk)
-            partial.replace(target)
+            with contextlib.closing(response), open_file(partial, "wb") as out:
+                with download_errors(self.id, path):
+                    for chunk in response.iter_bytes(CHUNK_SIZE):
+                        out.write(chunk)
+                        size += len(chunk)
+            replace_file(partial, target)
         except BaseException:
-            partial.unlink(missing_ok=True)
+            remove_file(partial)
             raise
         return size
 
@@ -440,61 +468,7 @@ class Sandbox(SandboxBase):
         self._client._call(API.remove(self.id, path, recursive))
 
 
-def _iter_file(path: Path) -> Iterator[bytes]:
-    with path.open("rb") as f:
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    with open_file(path, "rb") as f:
         while chunk := f.read(CHUNK_SIZE):
             yield chunk
-
-
-class PtySession:
-    """An interactive terminal: :meth:`send` keystrokes, :meth:`recv` what the screen shows."""
-
-    def __init__(self, http: httpx.Client, path: str, params: dict[str, str | int]) -> None:
-        self.exit_code: int | None = None
-        self._done = False
-        self._stack = contextlib.ExitStack()
-        try:
-            self._ws: WebSocketSession = self._stack.enter_context(
-                connect_ws(path, http, params=params)
-            )
-        except WebSocketUpgradeError as exc:
-            raise pty_refused(exc.response) from None
-        except httpx.TransportError as exc:
-            raise errors.TransportError(f"opening terminal: {exc}") from exc
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def send(self, data: bytes) -> None:
-        self._ws.send_bytes(data)
-
-    def resize(self, cols: int, rows: int) -> None:
-        self._ws.send_text(pty_resize_message(cols, rows))
-
-    def recv(self, timeout: float | None = None) -> bytes:
-        """The next chunk of output; ``b""`` once the command exited (see ``exit_code``).
-
-        Raises :class:`TimeoutError` if nothing came within ``timeout`` seconds.
-        """
-        while not self._done:
-            try:
-                event = self._ws.receive(timeout)
-            except queue.Empty:
-                raise TimeoutError(f"no terminal output within {timeout} s") from None
-            except WebSocketDisconnect:
-                self._done = True
-            except WebSocketNetworkError as exc:
-                raise errors.TransportError("terminal connection lost") from exc
-            else:
-                if isinstance(event, wsproto.events.BytesMessage):
-                    return bytes(event.data)
-                if isinstance(event, wsproto.events.TextMessage):
-                    self.exit_code = pty_exit_code(event.data)
-                    self._done = self.exit_code is not None
-        return b""
-
-    def close(self) -> None:
-        self._stack.close()

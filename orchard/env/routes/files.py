@@ -12,10 +12,10 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
+from orchard.env.config import Settings
 from orchard.env.errors import BadRequest, TooLarge
 from orchard.env.events import payload
 from orchard.env.routes.common import ERRORS
-from orchard.env.sandbox_ops import SandboxOps
 from orchard.env.schema import (
     FileDownload,
     FileList,
@@ -25,13 +25,13 @@ from orchard.env.schema import (
     PatchResponse,
     PathRequest,
 )
+from orchard.env.service import SandboxOps
 
 RAW_UPLOAD = "/files/raw"
 
 
-def router(ops: SandboxOps, secured: list[Any]) -> APIRouter:
+def router(ops: SandboxOps, settings: Settings, secured: list[Any]) -> APIRouter:
     api = APIRouter(dependencies=secured, responses=ERRORS)
-    settings = ops.service.settings
 
     @api.post("/sandboxes/{sid}/apply_patch", response_model=PatchResponse)
     async def apply_patch(sid: str, req: PatchRequest) -> PatchResponse:

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from orchard.env.routes.common import ERRORS
-from orchard.env.sandbox_ops import SandboxOps
 from orchard.env.schema import ProcessInfo, ProcessList, ProcessOutput
+from orchard.env.service import SandboxOps
 
 
 def router(ops: SandboxOps, secured: list[Any]) -> APIRouter:

@@ -24,7 +24,7 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
     @api.post("/sandboxes", response_model=SandboxInfo)
     async def create_sandbox(req: CreateSandboxRequest) -> SandboxInfo:
         try:
-            return await service.create(req)
+            return await service.lifecycle.create(req)
         except ServiceError as e:
             if e.status == 503:
                 service.metrics.rejected.inc()
@@ -34,7 +34,7 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
     async def list_sandboxes(
         label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
     ) -> SandboxList:
-        return SandboxList(sandboxes=await service.list(label_filter(label)))
+        return SandboxList(sandboxes=await service.records.list(label_filter(label)))
 
     @api.get("/events", response_model=EventList)
     async def list_events(
@@ -47,31 +47,31 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
     ) -> EventList:
         """The event log, oldest first; page with `after=next_after`. Events outlive their
         sandbox (for --event-retention, default 7 days)."""
-        return await service.list_events(sandbox_id=sandbox_id, session=session,
+        return await service.events.list(sandbox_id=sandbox_id, session=session,
                                          labels=label_filter(label), after=after, limit=limit)
 
     @api.get("/sandboxes/{sid}/events", response_model=EventList)
     async def sandbox_events(sid: str, after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
                              limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> EventList:
-        return await service.list_events(sandbox_id=sid, after=after, limit=limit)
+        return await service.events.list(sandbox_id=sid, after=after, limit=limit)
 
     @api.get("/sandboxes/{sid}", response_model=SandboxInfo)
     async def get_sandbox(sid: str) -> SandboxInfo:
-        return await service.get(sid)
+        return await service.records.get(sid)
 
     @api.get("/sandboxes/{sid}/wait", response_model=SandboxInfo)
     async def wait_sandbox(sid: str, timeout: Annotated[float, Query(gt=0)] = 60
                            ) -> SandboxInfo:
         # Longer waits are cut to an hour, not refused: the reference SDK asks for its whole
         # readiness deadline at once.
-        return await service.wait(sid, min(timeout, MAX_WAIT))
+        return await service.records.wait(sid, min(timeout, MAX_WAIT))
 
     @api.delete("/sandboxes/{sid}", response_model=DeleteResponse)
     async def delete_sandbox(sid: str) -> DeleteResponse:
-        return DeleteResponse(sandbox_id=sid, found=await service.delete(sid))
+        return DeleteResponse(sandbox_id=sid, found=await service.lifecycle.delete(sid))
 
     @api.post("/sandboxes/{sid}/heartbeat", response_model=SandboxInfo)
     async def heartbeat(sid: str) -> SandboxInfo:
-        return await service.heartbeat(sid)
+        return await service.lifecycle.heartbeat(sid)
 
     return api

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from orchard.env.http_schema import ServiceRequest, ServiceResponse
 from orchard.env.routes.common import ERRORS
-from orchard.env.sandbox_ops import SandboxOps
+from orchard.env.service import SandboxOps
 
 
 def router(ops: SandboxOps, secured: list[Any]) -> APIRouter:

@@ -28,23 +28,23 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
                        ) -> SnapshotInfo:
         """Keep the sandbox's files (not its processes) as a snapshot. Its processes are
         frozen while the files are copied."""
-        return await service.snapshot(sid, req or SnapshotRequest())
+        return await service.snapshots.snapshot(sid, req or SnapshotRequest())
 
     @api.get("/snapshots", response_model=SnapshotList)
     async def list_snapshots(
         label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
     ) -> SnapshotList:
-        return SnapshotList(snapshots=await service.list_snapshots(label_filter(label)))
+        return SnapshotList(snapshots=await service.snapshots.list_snapshots(label_filter(label)))
 
     @api.get("/snapshots/{snapshot_id}", response_model=SnapshotInfo)
     async def get_snapshot(snapshot_id: str) -> SnapshotInfo:
-        return await service.get_snapshot(snapshot_id)
+        return await service.snapshots.get_snapshot(snapshot_id)
 
     @api.delete("/snapshots/{snapshot_id}", response_model=SnapshotDeleted)
     async def delete_snapshot(snapshot_id: str) -> SnapshotDeleted:
         """Forget the snapshot. Sandboxes started from it keep running: its files go once
         the last of them is deleted."""
-        found = await service.delete_snapshot(snapshot_id)
+        found = await service.snapshots.delete_snapshot(snapshot_id)
         return SnapshotDeleted(snapshot_id=snapshot_id, found=found)
 
     @api.post("/sandboxes/{sid}/fork", response_model=ForkResponse)
@@ -53,7 +53,7 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
         """``count`` new sandboxes, each starting from the sandbox's files as they are now.
         They start pending, like any create: wait for each."""
         try:
-            return await service.fork(sid, req or ForkRequest())
+            return await service.branching.fork(sid, req or ForkRequest())
         except ServiceError as e:
             if e.status == 503:
                 service.metrics.rejected.inc()
@@ -63,10 +63,10 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
     async def pause(sid: str) -> SandboxInfo:
         """Freeze every process of the sandbox (memory is kept; execs are refused until
         resume). Idempotent."""
-        return await service.pause(sid)
+        return await service.branching.pause(sid)
 
     @api.post("/sandboxes/{sid}/resume", response_model=SandboxInfo)
     async def resume(sid: str) -> SandboxInfo:
-        return await service.resume(sid)
+        return await service.branching.resume(sid)
 
     return api

@@ -25,14 +25,15 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
 
     @api.get("/health", response_model=Health)
     async def health() -> Health:
-        return Health(backend=service.backend.name, sandboxes=service.active_count(),
+        return Health(backend=service.backend.name, sandboxes=service.records.active_count(),
                       version=__version__)
 
     @api.get("/resources", response_model=Resources, dependencies=secured, responses=ERRORS)
     async def resources() -> Resources:
         return Resources(
-            backend=service.backend.name, sandboxes=service.active_count(),
-            max_sandboxes=settings.max_sandboxes, creates_in_flight=service.creates_in_flight,
+            backend=service.backend.name, sandboxes=service.records.active_count(),
+            max_sandboxes=settings.max_sandboxes,
+            creates_in_flight=service.lifecycle.creates_in_flight,
             max_concurrent_creates=settings.max_concurrent_creates, cpus=os.cpu_count() or 1,
             memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
             cgroup=service.backend.describe(),
@@ -40,8 +41,8 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
 
     @api.get("/metrics", dependencies=secured)
     async def metrics() -> Response:
-        service.metrics.live.set(service.active_count())
-        service.metrics.in_flight.set(service.creates_in_flight)
+        service.metrics.live.set(service.records.active_count())
+        service.metrics.in_flight.set(service.lifecycle.creates_in_flight)
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return api

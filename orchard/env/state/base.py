@@ -12,18 +12,19 @@ import asyncio
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
+from orchard.env.errors import OrchestratorError
 from orchard.env.schema import Job, SandboxEvent, SandboxInfo, SnapshotInfo
 
 
-class LockTimeout(TimeoutError):
+class LockTimeout(OrchestratorError, TimeoutError):
     """A lock could not be acquired in time; the message names the lock and the wait."""
 
 
-class LockLost(RuntimeError):
+class LockLost(OrchestratorError, RuntimeError):
     """A held lock expired or was taken over (e.g. its renewals stalled past the TTL)."""
 
 
-class StoreUnavailable(RuntimeError):
+class StoreUnavailable(OrchestratorError, RuntimeError):
     """The store's server could not be reached; the message names it and what to check."""
 
 

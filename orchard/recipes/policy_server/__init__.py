@@ -1,3 +1,18 @@
-"""Serving the policy being trained: an OpenAI-compatible server over the live weights
-(``server``), continuous batching of its requests (``batching``), and moving new weights into it
-between steps (``weight_sync``)."""
+"""The policy server: the policy being trained, served over OpenAI-compatible
+``/v1/completions`` with token ids and log-probs (``server``), its requests decoded together in
+batches (``batching``), and new weights moved into it, or into an engine in another process,
+between training steps (``weight_sync``).
+
+Not to be confused with ``orchard.serving``, the bottom layer's threaded ASGI server that this
+server (and the recording proxy) run on.
+
+    with PolicyServer(model, tokenizer) as server:      # in-process, on a free port
+        train_rl(model, tasks, client, server, out, config, harness=harness)
+"""
+
+from orchard.recipes.policy_server.batching import Batcher
+from orchard.recipes.policy_server.server import PolicyEngine, PolicyServer, create_policy_app
+from orchard.recipes.policy_server.weight_sync import FolderSync, ServesWeights, WeightSyncError
+
+__all__ = ["Batcher", "FolderSync", "PolicyEngine", "PolicyServer", "ServesWeights",
+           "WeightSyncError", "create_policy_app"]

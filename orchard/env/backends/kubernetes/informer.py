@@ -21,12 +21,13 @@ from kubernetes_asyncio.client import CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from orchard.env.backends.kubernetes.calls import ApiCaller, Backoff
+from orchard.env.errors import OrchestratorError
 
 log = logging.getLogger("orchard.env.kubernetes")
 Pod = dict[str, Any]
 
 
-class NotSynced(RuntimeError):
+class NotSynced(OrchestratorError, RuntimeError):
     """The cache is not trustworthy right now."""
 
 

@@ -72,6 +72,7 @@ class LocalBackend:
     """Sandboxes on this machine; needs root, bubblewrap, overlayfs and cgroups."""
 
     name = "local"
+    namespace: str | None = None  # sandboxes are processes on this host: no platform namespace
 
     def __init__(self, data_dir: Path, ready_timeout: float = 30.0,
                  die_with_orchestrator: bool = False, model_proxy: str | None = None,

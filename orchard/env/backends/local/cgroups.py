@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchard.env.errors import OrchestratorError
 from orchard.env.quantities import parse_cpu, parse_memory
 
 __all__ = [
@@ -48,7 +49,7 @@ _CFS_MAX_PERIOD_US = 1_000_000
 _POLL_S = 0.01
 
 
-class CgroupError(RuntimeError):
+class CgroupError(OrchestratorError, RuntimeError):
     """The cgroup filesystem could not be used as required."""
 
 

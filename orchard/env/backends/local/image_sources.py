@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from orchard.env.errors import OrchestratorError
+
 _DIGEST_RE = re.compile(r"^(sha256|sha512):([0-9a-f]{64}|[0-9a-f]{128})$")
 _HEX_LEN = {"sha256": 64, "sha512": 128}
 
@@ -27,7 +29,7 @@ _MANIFEST_TYPES = {
 }
 
 
-class ImageError(ValueError):
+class ImageError(OrchestratorError, ValueError):
     """An image reference could not be resolved; the message says why and what to do."""
 
 

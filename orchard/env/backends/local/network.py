@@ -48,6 +48,7 @@ from typing import TypeVar
 
 from orchard.env.backends.local import resolver
 from orchard.env.backends.local.resolver import AllowListResolver, IPAddress
+from orchard.env.errors import OrchestratorError
 from orchard.env.schema import IPNetwork, parse_egress_entry
 
 log = logging.getLogger("orchard.env")
@@ -66,7 +67,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 T = TypeVar("T")
 
 
-class NetworkError(RuntimeError):
+class NetworkError(OrchestratorError, RuntimeError):
     pass
 
 

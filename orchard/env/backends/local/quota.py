@@ -19,13 +19,14 @@ import subprocess
 from pathlib import Path
 
 from orchard.env.backends.local.cgroups import LimitResult
+from orchard.env.errors import OrchestratorError
 from orchard.env.quantities import parse_memory
 
 DISK_DIR = "disk"  # the mount point; holds upper/ and work/ once mounted
 DISK_IMAGE = "disk.img"
 
 
-class QuotaError(RuntimeError):
+class QuotaError(OrchestratorError, RuntimeError):
     """The disk could not be made; the message says why."""
 
 

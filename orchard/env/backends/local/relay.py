@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import h11
 
 from orchard.env.backends.base import BackendError, SpecRejected
+from orchard.env.errors import OrchestratorError
 from orchard.env.schema import SESSION_PATTERN
 from orchard.inference_routes import method_of, routes
 
@@ -195,7 +196,7 @@ class _Sandbox:
     held: int = 0  # bytes of request bodies read and not yet sent on
 
 
-class _Refused(Exception):
+class _Refused(OrchestratorError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message

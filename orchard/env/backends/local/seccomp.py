@@ -19,6 +19,8 @@ import platform
 import tempfile
 from pathlib import Path
 
+from orchard.env.errors import OrchestratorError
+
 __all__ = ["DENIED_SYSCALLS", "IO_URING_SYSCALLS", "SeccompUnavailableError", "filter_bytes",
            "write_filter"]
 
@@ -106,7 +108,7 @@ _CLONE_NAMESPACE_FLAGS = (
 _CLONE_FLAGS_ARG = 1 if platform.machine().startswith("s390") else 0
 
 
-class SeccompUnavailableError(RuntimeError):
+class SeccompUnavailableError(OrchestratorError, RuntimeError):
     """libseccomp or its Python binding is missing or too old."""
 
 

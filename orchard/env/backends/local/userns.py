@@ -19,6 +19,7 @@ import os
 import socket
 from pathlib import Path
 
+from orchard.env.errors import OrchestratorError
 from orchard.env.filelock import exclusive_lock
 
 # 0x70000000 and up: above the ranges useradd hands out in /etc/subuid (100000..600100000) and
@@ -31,7 +32,7 @@ REGISTRY = Path("/run/orchard/uid-ranges")
 UID_FILE = "uid"  # in the sandbox dir: the host uid of its root
 
 
-class UidRangeError(RuntimeError):
+class UidRangeError(OrchestratorError, RuntimeError):
     """No uid range is free, or the user namespace could not be made; the message says why."""
 
 

@@ -1,7 +1,5 @@
-"""Exec jobs, the service's half that runs commands: blocking, background and streamed execs,
-their job records, and the exec lock of exclusive_exec sandboxes.
-
-A mixin of SandboxService: it uses the service's store, agents, metrics and event log.
+"""Exec jobs: blocking, background and streamed execs, their job records, the exec lock of
+exclusive_exec sandboxes, and the reconcile pass that fails the jobs of replicas gone.
 """
 
 from __future__ import annotations
@@ -13,8 +11,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Coroutine
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from orchard.env.agent.client import AgentClient, AgentError
@@ -35,6 +32,8 @@ from orchard.env.schema import (
     ProcessInfo,
     SandboxInfo,
 )
+from orchard.env.service.background import Background
+from orchard.env.service.records import RunningSandboxes, utc_time
 from orchard.env.state.base import LockLost, LockTimeout, StateStore
 
 log = logging.getLogger("orchard.env")
@@ -44,18 +43,17 @@ def _exit_line(job: Job) -> bytes:
     return json.dumps({"type": "exit", "job": job.model_dump(mode="json")}).encode() + b"\n"
 
 
-def utc_time(ts: float | None = None) -> datetime:
-    return datetime.fromtimestamp(time.time() if ts is None else ts, UTC)
-
-
 class ExecJobs:
-    # What it uses of SandboxService, which sets these up (and `running`).
-    store: StateStore
-    settings: Settings
-    metrics: Metrics
-    events: EventLog
-    replica: str
-    _tasks: set[asyncio.Task[Any]]
+    def __init__(self, sandboxes: RunningSandboxes, store: StateStore, settings: Settings,
+                 metrics: Metrics, events: EventLog, replica: str,
+                 background: Background) -> None:
+        self.sandboxes = sandboxes
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.events = events
+        self.replica = replica
+        self.background = background
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, rec: SandboxInfo, wait: float) -> AsyncIterator[int | None]:
@@ -128,7 +126,7 @@ class ExecJobs:
         return job
 
     async def exec(self, sid: str, req: ExecRequest) -> Job | JobAccepted | ProcessInfo:
-        rec, agent = await self.running(sid)
+        rec, agent = await self.sandboxes.running(sid)
         if req.background:
             try:
                 info = await agent.start_process(self._agent_request(req))
@@ -143,7 +141,7 @@ class ExecJobs:
         job = self._new_job(sid, req)
         if not req.wait:
             await self.store.put_job(job)
-            self._spawn(self._settle(job, self._run_job(rec, agent, job, req)))
+            self.background.spawn(self._settle(job, self._run_job(rec, agent, job, req)))
             return JobAccepted(job_id=job.job_id, status=job.status)
         run = asyncio.ensure_future(self._run_job(rec, agent, job, req))
         try:
@@ -152,23 +150,17 @@ class ExecJobs:
             done, _ = await asyncio.wait({run}, timeout=(req.timeout_seconds or 0)
                                          + self.settings.exec_wait_margin)
         except asyncio.CancelledError:  # the client hung up: the command runs on, recorded
-            self._spawn(self._settle(job, run))
+            self.background.spawn(self._settle(job, run))
             raise
         if not done:
             await self.store.put_job(job)
-            self._spawn(self._settle(job, run))
+            self.background.spawn(self._settle(job, run))
             return JobAccepted(job_id=job.job_id, status=job.status)
         try:
             run.result()
         finally:
             await self.store.put_job(job)
         return job
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """A task that stop() waits for."""
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _settle(self, job: Job, run: Awaitable[Job]) -> None:
         """Finish a job nobody waits for, and record how it ended."""
@@ -180,7 +172,7 @@ class ExecJobs:
         await self._record_job(job)
 
     async def exec_stream(self, sid: str, req: ExecRequest) -> AsyncIterator[bytes]:
-        rec, agent = await self.running(sid)
+        rec, agent = await self.sandboxes.running(sid)
         job = self._new_job(sid, req)
 
         async def events() -> AsyncIterator[bytes]:
@@ -209,7 +201,7 @@ class ExecJobs:
                     # own, since a closing generator cannot wait.
                     job.error = "the client disconnected from the stream; the command may " \
                                 "have run on (its outcome is unknown)"
-                    self._spawn(self.events.exec(rec, req, job, started))
+                    self.background.spawn(self.events.exec(rec, req, job, started))
 
         return events()
 
@@ -231,3 +223,14 @@ class ExecJobs:
                 job = await self.get_job(job_id)
         return job
 
+    async def fail_orphans(self) -> None:
+        """A reconcile pass: fail the unfinished jobs of replicas that no longer beat. Their
+        results went to a replica that is gone: say so, rather than leave waiters hanging."""
+        alive = await self.store.live_replicas() if self.store.shared else set()
+        alive.add(self.replica)
+        for job in await self.store.unfinished_jobs():
+            if job.replica not in alive:
+                job.status, job.completed_at = JobStatus.failed, utc_time()
+                job.error = ("the orchestrator replica running this job stopped; its result "
+                             "is lost (the command may have finished in the sandbox)")
+                await self._record_job(job)

@@ -1,9 +1,10 @@
 """What the orchestrator asks of a running sandbox's agent besides exec: patches, files,
 background processes, the browser and requests to the sandbox's own services.
 
-With the service's exec, this is the only place that calls the agent. Each operation finds
-the sandbox, calls its agent, turns an agent failure into a service error the one way
-(``errors.from_agent``), and records the event of a change; routes only validate and shape.
+With the exec jobs (exec_jobs.py), this is the only place that calls the agent. Each
+operation finds the sandbox, calls its agent, turns an agent failure into a service error the
+one way (``errors.from_agent``), and records the event of a change; routes only validate and
+shape.
 """
 
 from __future__ import annotations
@@ -13,21 +14,35 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from orchard.env.agent.client import AgentError, AgentResponse, AgentTooLarge, PtyChannel
+from orchard.env.agent.client import (
+    AgentClient,
+    AgentError,
+    AgentResponse,
+    AgentTooLarge,
+    PtyChannel,
+)
+from orchard.env.backends.base import Backend
 from orchard.env.browser_schema import BrowserAction
 from orchard.env.errors import TooLarge, from_agent
+from orchard.env.events import EventLog
 from orchard.env.http_schema import ServiceRequest
 from orchard.env.schema import EventKind, PatchRequest
-from orchard.env.service import SandboxService
+from orchard.env.service.records import RunningSandboxes
 
 T = TypeVar("T")
 
 
 class SandboxOps:
-    """Agent operations on sandboxes of one service."""
+    """Agent operations on the sandboxes of one service."""
 
-    def __init__(self, service: SandboxService) -> None:
-        self.service = service
+    def __init__(self, sandboxes: RunningSandboxes, events: EventLog, backend: Backend) -> None:
+        self.sandboxes = sandboxes
+        self.events = events
+        self.backend = backend
+
+    async def agent(self, sid: str) -> AgentClient:
+        """The agent of a running sandbox, or the service error that says why there is none."""
+        return (await self.sandboxes.running(sid))[1]
 
     async def _call(self, sid: str, awaitable: Awaitable[T]) -> T:
         try:
@@ -40,10 +55,10 @@ class SandboxOps:
                       describe: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
         """A change to a running sandbox, and its event; ``describe`` gives the event's fields
         from the agent's answer. A failed change records nothing: it raised."""
-        rec, agent = await self.service.running(sid)
+        rec, agent = await self.sandboxes.running(sid)
         started = time.time()
         result = await self._call(sid, act(agent))
-        await self.service.events.record(rec, kind, started, **describe(result))
+        await self.events.record(rec, kind, started, **describe(result))
         return result
 
     # --- patches and files -------------------------------------------------------------------
@@ -70,12 +85,12 @@ class SandboxOps:
         """The agent's streaming answer for a file, the caller's to close: TooLarge up front
         when it says the file is over max_download_bytes; if it does not say, reading the body
         raises AgentTooLarge at that limit."""
-        return await self._call(sid, (await self.service.agent(sid)).open_file(path))
+        return await self._call(sid, (await self.agent(sid)).open_file(path))
 
     async def read_file(self, sid: str, path: str, max_size: int) -> bytes:
         """A whole file, for base64 JSON: TooLarge when it is over ``max_size``
         (max_json_body)."""
-        agent = await self.service.agent(sid)
+        agent = await self.agent(sid)
         try:
             r = await agent.open_file(path, max_size, setting="max_json_body")
             return await r.aread()
@@ -86,7 +101,7 @@ class SandboxOps:
             raise from_agent(e, sid) from None
 
     async def list_files(self, sid: str, path: str) -> dict[str, Any]:
-        return await self._call(sid, (await self.service.agent(sid)).list_files(path))
+        return await self._call(sid, (await self.agent(sid)).list_files(path))
 
     async def mkdir(self, sid: str, path: str) -> dict[str, Any]:
         return await self._change(sid, EventKind.mkdir, lambda agent: agent.mkdir(path),
@@ -99,22 +114,22 @@ class SandboxOps:
 
     async def open_pty(self, sid: str, argv: list[str], cols: int, rows: int,
                        env: dict[str, str] | None = None, cwd: str | None = None) -> PtyChannel:
-        agent = await self.service.agent(sid)
+        agent = await self.agent(sid)
         return await self._call(sid, agent.open_pty(argv, cols, rows, env=env or {}, cwd=cwd))
 
     # --- background processes ----------------------------------------------------------------
 
     async def processes(self, sid: str) -> list[dict[str, Any]]:
-        listing = await self._call(sid, (await self.service.agent(sid)).processes())
+        listing = await self._call(sid, (await self.agent(sid)).processes())
         return [{**p, "sandbox_id": sid} for p in listing["processes"]]
 
     async def process(self, sid: str, pid: str, method: str = "GET") -> dict[str, Any]:
-        agent = await self.service.agent(sid)
+        agent = await self.agent(sid)
         return {**await self._call(sid, agent.process(pid, method)), "sandbox_id": sid}
 
     async def process_output(self, sid: str, pid: str, stdout_offset: int,
                              stderr_offset: int) -> dict[str, Any]:
-        agent = await self.service.agent(sid)
+        agent = await self.agent(sid)
         return await self._call(sid, agent.process_output(pid, stdout_offset, stderr_offset))
 
     # --- the browser -------------------------------------------------------------------------
@@ -128,7 +143,7 @@ class SandboxOps:
                     "page_url": page["url"], "title": page["title"], "error": page["error"],
                     "tree_sha256": hashlib.sha256(page["tree"].encode()).hexdigest()}
 
-        await self.service.backend.prepare_browser()
+        await self.backend.prepare_browser()
         return await self._change(sid, EventKind.browser,
                                   lambda agent: agent.browser(action.agent_request()), describe)
 

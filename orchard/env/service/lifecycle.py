@@ -1,8 +1,9 @@
-"""The sandbox service: lifecycle, admission, reconcile (exec jobs: exec_jobs.py). Backend- and
-store-agnostic.
+"""The sandbox lifecycle: admission, create and launch, delete and teardown, heartbeats, the
+agents of running sandboxes, and the reconcile pass that makes the records and the backend
+(the source of truth) agree.
 
-State is reconciled from the backend (the source of truth) in a loop; a failed backend LIST
-skips the orphan pass, so a transient error never mass-deletes.
+A failed backend LIST skips the orphan and vanished parts of that pass, so a transient error
+never mass-deletes.
 """
 
 from __future__ import annotations
@@ -10,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 from orchard.env.agent.client import AgentClient
 from orchard.env.backends.base import (
@@ -26,129 +24,52 @@ from orchard.env.backends.base import (
     SpecForbidden,
     SpecRejected,
 )
-from orchard.env.branching import Branching
 from orchard.env.config import Settings
-from orchard.env.errors import (
-    BadRequest,
-    Conflict,
-    Forbidden,
-    NotFound,
-    Overloaded,
-    WaitTimedOut,
-)
+from orchard.env.errors import BadRequest, Conflict, Forbidden, NotFound, Overloaded, WaitTimedOut
 from orchard.env.events import EventLog
-from orchard.env.exec_jobs import ExecJobs, utc_time
 from orchard.env.metrics import Metrics
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.schema import (
     CreateSandboxRequest,
     EventKind,
-    EventList,
-    JobStatus,
-    LimitReport,
     SandboxInfo,
     SandboxStatus,
+    SnapshotInfo,
 )
+from orchard.env.service.reconciler import PartialPass
+from orchard.env.service.records import LIVE, SandboxRecords, became_ready, utc_time
 from orchard.env.state.base import StateStore
 
 log = logging.getLogger("orchard.env")
-LIVE = (SandboxStatus.pending, SandboxStatus.running, SandboxStatus.paused)
-
 
 # How long a request to a sandbox that is still starting waits for it.
 PENDING_REQUEST_WAIT = 15.0
 
 
-def _became_ready(limits: dict[str, LimitReport]) -> Callable[[SandboxInfo], bool]:
-    def change(rec: SandboxInfo) -> bool:
-        if rec.status != SandboxStatus.pending:
-            return False
-        rec.status, rec.ready_at, rec.limits = SandboxStatus.running, utc_time(), limits
-        return True
-    return change
+class SnapshotSource(Protocol):
+    """Where a create from a snapshot finds it (the snapshots part)."""
+
+    async def snapshot_to_start(self, req: CreateSandboxRequest) -> SnapshotInfo: ...
 
 
-def replica_id() -> str:
-    """Unique per process start: a restarted orchestrator is a new replica, so jobs it ran
-    before the restart are recognisably orphaned."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-class SandboxService(ExecJobs, Branching):
-    """Records live in the store, which several replicas may share: every decision re-reads
-    the record, and every change goes through `_update` under the record's lock, so two
-    replicas never overwrite each other's transitions (e.g. resurrect a deleted sandbox)."""
-
-    def __init__(self, backend: Backend, store: StateStore, settings: Settings,
-                 metrics: Metrics | None = None) -> None:
-        self.backend = backend
+class Lifecycle:
+    def __init__(self, records: SandboxRecords, store: StateStore, backend: Backend,
+                 settings: Settings, metrics: Metrics, events: EventLog, replica: str,
+                 snapshots: SnapshotSource) -> None:
+        self.records = records
         self.store = store
+        self.backend = backend
         self.settings = settings
-        self.metrics = metrics or Metrics()
-        self.events = EventLog(store, self.metrics, settings.event_content_bytes)
-        self.replica = replica_id()
-        # Live records as of the last reconcile plus this replica's own changes since: the
-        # admission count reads it (approximate across replicas by one reconcile interval).
-        self._live: dict[str, SandboxInfo] = {}
+        self.metrics = metrics
+        self.events = events
+        self.replica = replica
+        self.snapshots = snapshots
         self._agents: dict[str, AgentClient] = {}
         self._launches: dict[str, asyncio.Task[None]] = {}
         self._teardowns: dict[str, asyncio.Task[None]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._reconciler: asyncio.Task[None] | None = None
         self.creates_in_flight = 0
         # Forks queue here for a launch slot rather than being turned away.
         self._launch_slots = asyncio.Semaphore(settings.max_concurrent_creates)
-
-    @property
-    def beat_ttl(self) -> float:
-        """How long this replica counts as alive after a beat: three missed passes."""
-        return 3 * self.settings.reconcile_interval + 2
-
-    # --- start / stop -------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Adopt what the store and the backend hold (a restart or another replica's work),
-        fail what can no longer finish, remove orphans; then keep reconciling."""
-        await self.reconcile_once()
-        self._reconciler = asyncio.create_task(self._reconcile_loop())
-
-    async def stop(self, delete_all: bool = False) -> None:
-        if self._reconciler:
-            self._reconciler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reconciler
-        if delete_all:
-            for rec in await self.store.list_sandboxes():
-                if rec.status in LIVE and (rec.replica == self.replica or not self.store.shared):
-                    await self.delete(rec.sandbox_id)
-        pending = [*self._teardowns.values(), *self._launches.values(), *self._tasks]
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        if delete_all and not self.store.shared:  # an embedded orchestrator's go with it
-            for snap in await self.store.list_snapshots():
-                await self.delete_snapshot(snap.snapshot_id)
-            await self.collect_snapshots(time.time())  # those deleted earlier, unused now
-        for agent in self._agents.values():
-            await agent.close()
-        self._agents.clear()
-
-    # --- records ----------------------------------------------------------------------------
-
-    async def _update(self, sid: str,
-                      change: Callable[[SandboxInfo], bool]) -> SandboxInfo | None:
-        """Apply change to the stored record under its lock; change returns False to leave
-        it as it is. Returns the record as it now stands (None if there is none)."""
-        async with self.store.lock(f"record:{sid}", ttl=15, timeout=30):
-            rec = await self.store.get_sandbox(sid)
-            if rec is None or not change(rec):
-                return rec
-            await self.store.put_sandbox(rec)
-        if rec.status in LIVE:
-            self._live[sid] = rec
-        else:
-            self._live.pop(sid, None)
-        await self.store.publish(f"sandbox:{sid}")
-        return rec
 
     async def _fail(self, sid: str, reason: str,
                     only_if: tuple[SandboxStatus, ...] = LIVE) -> None:
@@ -162,15 +83,12 @@ class SandboxService(ExecJobs, Branching):
             changed = True
             return True
 
-        rec = await self._update(sid, change)
+        rec = await self.records.update(sid, change)
         if changed and rec is not None:
             await self.events.record(rec, EventKind.failed, reason=reason)
         if rec is not None and rec.status == SandboxStatus.failed:
             log.warning("sandbox %s failed: %s", sid, reason)
             self._start_teardown(sid)
-
-    def active_count(self) -> int:
-        return len(self._live)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -180,7 +98,7 @@ class SandboxService(ExecJobs, Branching):
         sid = req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}"
         image = req.image or "host"
         if req.from_snapshot is not None:
-            image = (await self.snapshot_to_start(req)).image
+            image = (await self.snapshots.snapshot_to_start(req)).image
         env, model_base_url = req.env, None
         if req.model_proxy:
             model_base_url = self._model_base_url(req.session or "")
@@ -202,7 +120,7 @@ class SandboxService(ExecJobs, Branching):
             raise BadRequest("cpu must be > 0 and memory at least 4Mi")
         if disk is not None and disk < 16 << 20:  # room for ext4's metadata and the overlay
             raise BadRequest(f"disk {req.disk!r} is below the minimum of 16Mi; ask for more")
-        if self.active_count() >= self.settings.max_sandboxes:
+        if self.records.active_count() >= self.settings.max_sandboxes:
             raise Overloaded(f"at capacity: {self.settings.max_sandboxes} sandboxes are live; "
                              "delete some or retry later", 2)
         if not queued and self.creates_in_flight >= self.settings.max_concurrent_creates:
@@ -220,15 +138,9 @@ class SandboxService(ExecJobs, Branching):
             expires_at=utc_time(now + (req.ttl or self.settings.default_ttl)),
             backend=self.backend.name, exclusive_exec=req.exclusive_exec, replica=self.replica,
             session=req.session, model_base_url=model_base_url,
-            namespace=getattr(self.backend, "namespace", None), egress=req.egress,
+            namespace=self.backend.namespace, egress=req.egress,
         )
-        async with self.store.lock(f"record:{sid}", ttl=15, timeout=30):
-            existing = await self.store.get_sandbox(sid)
-            if existing is not None and existing.status in LIVE:
-                raise Conflict(f"sandbox {sid} already exists ({existing.status.value}); "
-                               "choose another sandbox_id or delete it first")
-            await self.store.put_sandbox(rec)
-        self._live[sid] = rec
+        await self.records.insert(rec)
         await self.events.record(rec, EventKind.created, now, image=image,
                                  block_network=req.block_network, cpu=req.cpu,
                                  memory=req.memory, pids=req.pids, disk=req.disk, env=req.env,
@@ -258,40 +170,13 @@ class SandboxService(ExecJobs, Branching):
         self.metrics.create_seconds.observe(time.perf_counter() - t0)
         self.metrics.creates.labels("ok").inc()
         self._agents[sid] = self._agent_client(handle)
-        rec = await self._update(sid, _became_ready(handle.limits))
+        rec = await self.records.update(sid, became_ready(handle.limits))
         if rec is not None and rec.status == SandboxStatus.running:
             await self.events.record(rec, EventKind.ready,
                                      create_ms=round((time.perf_counter() - t0) * 1000, 3))
         if rec is None or rec.status != SandboxStatus.running:
             # Deleted (or failed) while it started, perhaps through another replica.
             self._start_teardown(sid)
-
-    async def get(self, sid: str) -> SandboxInfo:
-        rec = await self.store.get_sandbox(sid)
-        if rec is None:
-            raise NotFound(f"no sandbox {sid!r}; list them with GET /sandboxes")
-        return rec
-
-    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
-        want = (labels or {}).items()
-        return [r for r in await self.store.list_sandboxes()
-                if r.status != SandboxStatus.deleted and want <= r.labels.items()]
-
-    async def wait(self, sid: str, timeout: float) -> SandboxInfo:
-        deadline = time.monotonic() + timeout
-        async with self.store.subscribe(f"sandbox:{sid}") as changed:
-            rec = await self.get(sid)
-            while rec.status == SandboxStatus.pending:
-                left = deadline - time.monotonic()
-                if left <= 0 or not await changed.wait(left):
-                    rec = await self.get(sid)
-                    if rec.status == SandboxStatus.pending:
-                        raise WaitTimedOut(f"sandbox {sid} not ready after {timeout}s; "
-                                           "wait again")
-                rec = await self.get(sid)
-        # A failed or deleted sandbox is an answer too: its status and status_message say
-        # so (clients check `ready`), as the reference system does.
-        return rec
 
     async def delete(self, sid: str, reason: str = "deleted by request") -> bool:
         """Delete a sandbox; False if there was none by that id (deleting is idempotent)."""
@@ -307,7 +192,7 @@ class SandboxService(ExecJobs, Branching):
             changed = True
             return True
 
-        rec = await self._update(sid, change)
+        rec = await self.records.update(sid, change)
         if rec is None:
             return False
         if changed:
@@ -342,21 +227,37 @@ class SandboxService(ExecJobs, Branching):
             rec.last_heartbeat = utc_time()
             return True
 
-        rec = await self._update(sid, change)
+        rec = await self.records.update(sid, change)
         if rec is None or rec.status not in LIVE:
             raise NotFound(f"no live sandbox {sid!r}; it is "
                            f"{'unknown' if rec is None else rec.status.value}: recreate it")
         return rec
 
-    # --- reconcile ------------------------------------------------------------------------
+    # --- stop -----------------------------------------------------------------------------
 
-    async def _reconcile_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.reconcile_interval)
-            try:
-                await self.reconcile_once()
-            except Exception:  # noqa: BLE001 - a loop that dies would stop all reaping
-                log.exception("reconcile pass failed; retrying next interval")
+    async def delete_own(self) -> None:
+        """Delete the live sandboxes this replica answers for: its own, or all of them when
+        nobody else shares the store."""
+        for rec in await self.store.list_sandboxes():
+            if rec.status in LIVE and (rec.replica == self.replica or not self.store.shared):
+                await self.delete(rec.sandbox_id)
+
+    async def settle(self) -> None:
+        """Wait for every launch and teardown under way."""
+        await asyncio.gather(*self._teardowns.values(), *self._launches.values(),
+                             return_exceptions=True)
+
+    async def launched(self, sandbox_ids: list[str]) -> None:
+        """Wait until none of these sandboxes is still launching (each started or failed)."""
+        launches = [t for s in sandbox_ids if (t := self._launches.get(s)) is not None]
+        await asyncio.gather(*launches, return_exceptions=True)
+
+    async def close_agents(self) -> None:
+        for agent in self._agents.values():
+            await agent.close()
+        self._agents.clear()
+
+    # --- reconcile ------------------------------------------------------------------------
 
     def _expired(self, rec: SandboxInfo, now: float) -> str | None:
         if rec.expires_at and now > rec.expires_at.timestamp():
@@ -371,21 +272,21 @@ class SandboxService(ExecJobs, Branching):
             return "pending timeout: never became ready"
         return None
 
-    async def reconcile_once(self) -> None:
+    async def reconcile(self) -> None:
         """One pass of making the store and the backend agree. The backend is listed BEFORE
         the records: a replica writes a record before it creates the sandbox, so whatever the
-        backend listed already has its record, and no fresh sandbox is taken for an orphan."""
+        backend listed already has its record, and no fresh sandbox is taken for an orphan.
+
+        Raises PartialPass, after the rest, when the backend could not be listed."""
         now = time.time()
-        await self.store.beat(self.replica, self.beat_ttl)
         alive = await self.store.live_replicas() if self.store.shared else set()
         alive.add(self.replica)
         try:
             existing: set[str] | None = await self.backend.list()
-        except Exception:  # noqa: BLE001 - never act on a partial view
-            log.exception("backend list failed; skipping the orphan and vanished passes")
-            existing = None
-        live = {r.sandbox_id: r for r in await self.store.list_sandboxes() if r.status in LIVE}
-        self._live = dict(live)
+            unlisted: Exception | None = None
+        except Exception as e:  # noqa: BLE001 - never act on a partial view
+            existing, unlisted = None, e
+        live = await self.records.read_live()
         for sid, rec in live.items():
             if reason := self._expired(rec, now):
                 await self.delete(sid, reason)
@@ -402,17 +303,9 @@ class SandboxService(ExecJobs, Branching):
                 await self.backend.delete(sid)
         for sid in [s for s in self._agents if s not in live]:
             await self._agents.pop(sid).close()
-        for job in await self.store.unfinished_jobs():
-            if job.replica not in alive:
-                # Its result went to a replica that no longer exists: say so, don't hang.
-                job.status, job.completed_at = JobStatus.failed, utc_time()
-                job.error = ("the orchestrator replica running this job stopped; its result "
-                             "is lost (the command may have finished in the sandbox)")
-                await self.store.put_job(job)
-                await self.store.publish(f"job:{job.job_id}")
-        await self.collect_snapshots(now)
-        await self.store.prune(now - self.settings.retention)
-        await self.store.prune_events(now - self.settings.event_retention)
+        if unlisted is not None:
+            raise PartialPass("backend list failed; skipped the orphan and vanished "
+                              f"sandboxes: {unlisted}") from unlisted
 
     async def _adopt_pending(self, sid: str) -> None:
         handle = await self.backend.adopt(sid)
@@ -421,10 +314,10 @@ class SandboxService(ExecJobs, Branching):
                              "ready; delete and recreate it", only_if=(SandboxStatus.pending,))
             return
         self._agents[sid] = self._agent_client(handle)
-        await self._update(sid, _became_ready(handle.limits))
+        await self.records.update(sid, became_ready(handle.limits))
         log.info("adopted sandbox %s, launched by a replica that stopped", sid)
 
-    # --- exec -------------------------------------------------------------------------------
+    # --- agents -------------------------------------------------------------------------------
 
     async def running(self, sid: str) -> tuple[SandboxInfo, AgentClient]:
         rec = await self.store.get_sandbox(sid)
@@ -434,7 +327,7 @@ class SandboxService(ExecJobs, Branching):
             # A request right after a create that did not wait waits for the start, briefly,
             # rather than failing a client that raced its own sandbox.
             with contextlib.suppress(WaitTimedOut):
-                rec = await self.wait(sid, PENDING_REQUEST_WAIT)
+                rec = await self.records.wait(sid, PENDING_REQUEST_WAIT)
         if rec.status != SandboxStatus.running:
             hint = {"pending": f"wait for it with GET /sandboxes/{sid}/wait",
                     "paused": f"resume it with POST /sandboxes/{sid}/resume",
@@ -466,27 +359,6 @@ class SandboxService(ExecJobs, Branching):
             return self.backend.model_base_url(session)
         except SpecRejected as e:
             raise BadRequest(str(e)) from None
-
-    async def list_events(self, *, sandbox_id: str | None = None, session: str | None = None,
-                          labels: dict[str, str] | None = None, after: int = 0,
-                          limit: int = 1000) -> EventList:
-        want = (labels or {}).items()
-        events, seen = [], after
-        # Labels are not indexed: filter whole pages until this one is full or the log ends.
-        while len(events) < limit:
-            page = await self.store.events(sandbox_id=sandbox_id, session=session, after=seen,
-                                           limit=limit)
-            if not page:
-                break
-            for event in page:
-                seen = event.seq
-                if want <= event.labels.items():
-                    events.append(event)
-                    if len(events) == limit:
-                        break
-            if not want:
-                break
-        return EventList(events=events, next_after=seen)
 
 
 def model_env(base_url: str, session: str) -> dict[str, str]:

@@ -1,0 +1,112 @@
+"""The training loop the recipes share: one optimizer step, taken by SFT, the PPO/GRPO policy
+update and the value model, and one outer loop (sample -> update -> sync -> log), run by RL and
+by on-policy distillation.
+
+    optimizer = adamw(model, lr=1e-4)
+    grad_norm = optimizer_step(optimizer, trainable(model), [loss], grad_clip=1.0)
+
+    history = train_loop(model, server, steps, sample=sample, update=update,
+                         log=out / "rl.jsonl")
+
+``sample(step)`` returns the step's training data (rollouts of the served policy, as samples)
+and a record of how sampling went; ``update(data)`` trains the model on the data and returns
+its statistics. The loop does the rest: it times both, pushes the new weights to the server
+and logs one record per step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from orchard.recipes.policy_server.weight_sync import ServesWeights
+
+Data = TypeVar("Data", bound=Sequence[Any])
+
+
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer moves: with LoRA, only the adapters."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def adamw(model: torch.nn.Module, lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters. As nanoGPT: the matrices decay, the norms and
+    biases do not."""
+    params = trainable(model)
+    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2],
+                               "weight_decay": weight_decay},
+                              {"params": [p for p in params if p.dim() < 2],
+                               "weight_decay": 0.0}], lr=lr)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
+                   losses: Iterable[torch.Tensor], *, grad_clip: float, lr: float | None = None,
+                   accelerator: Accelerator | None = None) -> float:
+    """One optimizer step; returns the gradient norm before clipping.
+
+    ``losses`` are the step's micro-batch losses. Each is backpropagated as it comes, so a
+    generator keeps one micro-batch's graph alive at a time. Their gradients add up, so each
+    must already be its share of the step's loss (e.g. summed over its tokens and divided by
+    the token count of the whole step). Then the gradient norm of ``params`` is clipped to
+    ``grad_clip``, and the optimizer steps, at ``lr`` when a schedule gives one.
+
+    With an ``accelerator`` it does the backward pass and the clipping, so gradients are
+    averaged across processes before they are clipped."""
+    optimizer.zero_grad(set_to_none=True)
+    for loss in losses:
+        if accelerator is None:
+            loss.backward()
+        else:
+            accelerator.backward(loss)
+    clip = torch.nn.utils.clip_grad_norm_ if accelerator is None else accelerator.clip_grad_norm_
+    grad_norm = clip(params, grad_clip)
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    optimizer.step()
+    return float(grad_norm)
+
+
+def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
+               sample: Callable[[int], tuple[Data, dict[str, Any]]],
+               update: Callable[[Data], dict[str, Any]], log: Path,
+               on_step: Callable[[dict[str, Any]], None] | None = None
+               ) -> list[dict[str, Any]]:
+    """``steps`` rounds of sample -> update -> sync -> log; returns one record per step.
+
+    Each record is the step, what ``sample`` said, what ``update`` returned, the seconds spent
+    sampling (``rollout_seconds``), training (``train_seconds``) and in all (``seconds``), and
+    the ``weights_version`` the server holds after the sync. A step whose sampling gave no data
+    trains on nothing and syncs nothing (e.g. BAR dropped every group). Records are appended
+    to ``log`` as JSON lines as they are made, and handed to ``on_step``."""
+    history: list[dict[str, Any]] = []
+    for step in range(steps):
+        started = time.monotonic()
+        data, sampled = sample(step)
+        record: dict[str, Any] = {"step": step, **sampled,
+                                  "rollout_seconds": time.monotonic() - started}
+        if data:
+            trained = time.monotonic()
+            record.update(update(data))
+            record["train_seconds"] = time.monotonic() - trained
+            record["weights_version"] = server.update(model)
+        else:
+            record["train_seconds"] = 0.0
+        record["seconds"] = time.monotonic() - started
+        history.append(record)
+        with log.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if on_step is not None:
+            on_step(record)
+    return history
+
+
+__all__ = ["adamw", "optimizer_step", "train_loop", "trainable"]
