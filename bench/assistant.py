@@ -28,17 +28,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import BenchServer, base_parser, finish, print_table, summarize_ms  # noqa: E402
 
-from orchard.env.client import AsyncSandboxClient, SandboxClient  # noqa: E402
-from orchard.tasks.assistant import (  # noqa: E402
+from orchard.domains.assistant import (  # noqa: E402
     call_tool,
     generate,
     load_assistant_tasks,
     start_services,
 )
+from orchard.env.client import AsyncSandboxClient, SandboxClient  # noqa: E402
 
 
 def round_trips(client: SandboxClient, url: str, n: int) -> dict[str, Any]:
-    from orchard.tasks.assistant.mcp_client import mcp_session
+    from orchard.domains.assistant.mcp_client import mcp_session
 
     sb = client.create_sandbox()
     try:
@@ -70,7 +70,8 @@ def round_trips(client: SandboxClient, url: str, n: int) -> dict[str, Any]:
 
 
 def teacher_eval(client: SandboxClient, quick: bool) -> dict[str, Any]:
-    from orchard.eval import RunConfig, evaluate, make_harness
+    from orchard.domains import make_harness
+    from orchard.eval import RunConfig, evaluate
 
     tasks = generate(20 if quick else 200)
     with tempfile.TemporaryDirectory(prefix="orchard-bench-assistant-") as tmp:
@@ -89,7 +90,8 @@ def judge_overhead(client: SandboxClient, n: int) -> dict[str, Any]:
     import json
     import re
 
-    from orchard.eval import RunConfig, evaluate, make_harness
+    from orchard.domains import make_harness
+    from orchard.eval import RunConfig, evaluate
     from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
     from orchard.testing.policies import Reply
     from orchard.testing.teacher import FunctionPolicy, TeacherServer

@@ -27,13 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from common import BenchServer, base_parser, finish, print_table, summarize_ms  # noqa: E402
 
+from orchard.domains import make_harness  # noqa: E402
+from orchard.domains.assistant import load_assistant_tasks  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
-from orchard.eval import RunConfig, evaluate, make_harness, read_results  # noqa: E402
+from orchard.eval import RunConfig, evaluate, read_results  # noqa: E402
 from orchard.recipes.models import load_policy, smollm2_dir  # noqa: E402
 from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
 from orchard.rollout.proxy.app import ProxySettings, create_proxy_app  # noqa: E402
 from orchard.serving import ThreadedServer  # noqa: E402
-from orchard.tasks.assistant import load_assistant_tasks  # noqa: E402
 
 
 def judged_eval(client: SandboxClient, samples: int) -> dict[str, Any]:

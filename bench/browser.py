@@ -123,8 +123,9 @@ def _cgroup_memory(server: BenchServer, sandbox_id: str) -> int | None:
 
 
 def web_eval(client: SandboxClient, quick: bool) -> dict[str, Any]:
-    from orchard.eval import RunConfig, evaluate, make_harness
-    from orchard.tasks.web import load_web_tasks
+    from orchard.domains import make_harness
+    from orchard.domains.web import load_web_tasks
+    from orchard.eval import RunConfig, evaluate
 
     tasks = load_web_tasks()[:4 if quick else None]
     with tempfile.TemporaryDirectory(prefix="orchard-bench-web-") as tmp:

@@ -39,12 +39,13 @@ from common import (  # noqa: E402
     process_cpu_s,
 )
 
+from orchard.domains.swe import SweTask, load_tasks  # noqa: E402
+from orchard.domains.swe.grading import score  # noqa: E402
+from orchard.domains.swe.harness import OracleHarness  # noqa: E402
+from orchard.domains.swe.workspace import GIT_ENV  # noqa: E402
 from orchard.env.backends.local.launch import USER_PATH  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
-from orchard.eval import OracleHarness, RolloutResult, RunConfig, evaluate  # noqa: E402
-from orchard.tasks import Task, load_tasks  # noqa: E402
-from orchard.tasks.grading import score  # noqa: E402
-from orchard.tasks.workspace import GIT_ENV  # noqa: E402
+from orchard.eval import RolloutResult, RunConfig, evaluate  # noqa: E402
 
 HOST_PYTHON = "/usr/bin/python3"
 # What a sandbox's exec gets (the local backend's agent env plus the task sandbox's own).
@@ -73,7 +74,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str],
                           check=False)
 
 
-def baseline_one(task: Task) -> dict[str, Any]:
+def baseline_one(task: SweTask) -> dict[str, Any]:
     """Copy, git init + commit, apply gold and test patches, pytest: (a) pytest, (b) all."""
     assert task.source.kind == "dir" and task.source.path, task.source
     test_argv = task.test_command.split()
@@ -108,7 +109,7 @@ def baseline_one(task: Task) -> dict[str, Any]:
             "failing": [*f2p_failing, *p2p_failing][:10]}
 
 
-def baseline(tasks: list[Task]) -> dict[str, Any]:
+def baseline(tasks: list[SweTask]) -> dict[str, Any]:
     rows = []
     for task in tasks:
         rows.append(baseline_one(task))
@@ -134,7 +135,7 @@ def warm_up(client: SandboxClient) -> float:
     return time.perf_counter() - t0
 
 
-def oracle_run(client: SandboxClient, srv: BenchServer, tasks: list[Task],
+def oracle_run(client: SandboxClient, srv: BenchServer, tasks: list[SweTask],
                concurrency: int) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="orchard-bench-eval-out-", dir="/tmp"))
     results: list[RolloutResult] = []

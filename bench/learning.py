@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from common import BenchServer, base_parser, finish, print_table, write_json  # noqa: E402
 
+from orchard.domains import demo_domain  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
 from orchard.recipes.bar import BARConfig  # noqa: E402
 from orchard.recipes.demo import Demo, DemoConfig, copy_model, pretrained  # noqa: E402
@@ -77,7 +78,8 @@ def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[st
     torch.set_num_threads(config.threads)
     clock = Clock()
     with clock("teacher"):
-        teacher = Demo(root / "teacher-run", config, client, log)
+        teacher = Demo(root / "teacher-run", config, client, log,
+                       domain=demo_domain(config.domain))
         run = teacher.teacher()
     stages: dict[str, Any] = {}
     details: dict[str, Any] = {"teacher": teacher.results["teacher"]}
@@ -86,7 +88,8 @@ def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[st
         (root / f"sft-{values}").mkdir(parents=True)
         arm = Demo(root / f"sft-{values}", replace(
             config, values=values,
-            values_judge_url="scripted" if values == "retrospective" else None), client, log)
+            values_judge_url="scripted" if values == "retrospective" else None), client, log,
+                   domain=demo_domain(config.domain))
         model, tokenizer = arm.load_model()
         with clock(f"values/{values}"):
             examples = arm.sft_data(run, arm.values(run), tokenizer)

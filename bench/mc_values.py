@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import BenchServer, base_parser, finish, print_table  # noqa: E402
 
+from orchard.domains import demo_domain  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
 from orchard.recipes.demo import Demo, DemoConfig  # noqa: E402
 
@@ -49,7 +50,8 @@ def main() -> int:
     with server, SandboxClient(server.url, timeout=600) as client, \
             tempfile.TemporaryDirectory(prefix="orchard-bench-mc-") as tmp:
         config = DemoConfig(n_train=args.n_train, n_test=4, mc_max=args.mc_max, mc_k=args.mc_k)
-        demo = Demo(Path(tmp), config, client, log=lambda _: None)
+        demo = Demo(Path(tmp), config, client, log=lambda _: None,
+                    domain=demo_domain(config.domain))
         run = demo.teacher()
         curves: dict[str, str] = {}
         for _ in range(args.rounds):

@@ -66,8 +66,12 @@ from common import (  # noqa: E402
     verdict,
 )
 
+from orchard.domains.swe.family import settings_family  # noqa: E402
+from orchard.domains.swe.harness import MiniSweAgentHarness, TeacherHarness  # noqa: E402
+from orchard.domains.swe.minisweagent import config_from_specs  # noqa: E402
+from orchard.domains.swe.model import SweTask  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
-from orchard.eval import RunConfig, TeacherHarness, evaluate  # noqa: E402
+from orchard.eval import RunConfig, evaluate  # noqa: E402
 from orchard.recipes.bar import BARConfig  # noqa: E402
 from orchard.recipes.demo import COMPACT_CONFIG  # noqa: E402
 from orchard.recipes.loop import adamw, optimizer_step, trainable  # noqa: E402
@@ -84,11 +88,8 @@ from orchard.recipes.sft import (  # noqa: E402
     tokenize_conversation,
 )
 from orchard.recipes.trajectories import Trajectory, load_trajectories  # noqa: E402
-from orchard.rollout.agents.minisweagent import config_from_specs  # noqa: E402
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer  # noqa: E402
 from orchard.rollout.traces.samples import Sample  # noqa: E402
-from orchard.tasks.family import settings_family  # noqa: E402
-from orchard.tasks.model import Task  # noqa: E402
 
 GOAL_OVERHEAD = 0.10
 LR = 1e-3
@@ -99,7 +100,7 @@ Step = Callable[[int], None]
 # --- data: real teacher conversations -------------------------------------------------------
 
 
-def teacher_trajectories(client: SandboxClient, tasks: list[Task], agent_config: dict[str, Any],
+def teacher_trajectories(client: SandboxClient, tasks: list[SweTask], agent_config: dict[str, Any],
                          solve: float | list[str] = 0.6) -> tuple[list[Trajectory], float]:
     """The teacher's rollouts of ``tasks`` through the real harness, as trajectories; it
     solves the share (or the ids) ``solve``."""
@@ -330,7 +331,7 @@ def breakdown(model: torch.nn.Module, batch: Batch, group: list[tuple[Sample, fl
 # --- (3) an RL step: rollouts vs training ---------------------------------------------------
 
 
-def rl_share(client: SandboxClient, tokenizer: Any, tasks: list[Task],
+def rl_share(client: SandboxClient, tokenizer: Any, tasks: list[SweTask],
              trajectories: list[Trajectory], agent_config: dict[str, Any], args: Any
              ) -> dict[str, Any]:
     """``train_rl`` on the first 2 tasks, its policy first fitted to two teacher conversations
@@ -358,8 +359,9 @@ def rl_share(client: SandboxClient, tokenizer: Any, tasks: list[Task],
     try:
         # the server holds its own copy, as in the demo: generation never sees an update
         with PolicyServer(copy.deepcopy(model), tokenizer, seed=0) as server:
-            records = train_rl(model, rl_tasks, client, server, out, config,
-                               render_with=TEST_TOKENIZER, agent_config=agent_config)
+            harness = MiniSweAgentHarness(server.url or "", server.engine.model_name,
+                                          config=agent_config, render_with=TEST_TOKENIZER)
+            records = train_rl(model, rl_tasks, client, server, out, config, harness=harness)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     total = sum(r["seconds"] for r in records)

@@ -45,9 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from common import BenchServer, base_parser, finish, print_table, write_json  # noqa: E402
 
+from orchard.domains.swe.bugfix_family import bugfix_family  # noqa: E402
+from orchard.domains.swe.harness import TeacherHarness  # noqa: E402
+from orchard.domains.swe.minisweagent import config_from_specs  # noqa: E402
+from orchard.domains.swe.model import SweTask  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
 from orchard.eval.evaluate import evaluate  # noqa: E402
-from orchard.eval.harness import TeacherHarness  # noqa: E402
 from orchard.eval.results import read_results  # noqa: E402
 from orchard.eval.runner import RunConfig  # noqa: E402
 from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig  # noqa: E402
@@ -60,10 +63,7 @@ from orchard.recipes.rerank import (  # noqa: E402
     rerank_run,
     training_examples,
 )
-from orchard.rollout.agents.minisweagent import config_from_specs  # noqa: E402
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer  # noqa: E402
-from orchard.tasks.bugfix_family import bugfix_family  # noqa: E402
-from orchard.tasks.model import Task  # noqa: E402
 
 PICKS = ("value", "random", "lookup", "fewest_files", "oracle")
 
@@ -83,7 +83,7 @@ def fewest_files(run_dir: Path) -> float:
     return statistics.fmean(rates)
 
 
-def decoys_only(task: Task) -> Task:
+def decoys_only(task: SweTask) -> SweTask:
     """``task`` whose teacher fails only by scripts that change nothing but the fix's file."""
     path = task.metadata["fix"]["path"]
     teacher = task.metadata["teacher"]
@@ -108,7 +108,7 @@ def scoring_lm() -> tuple[Any, Any]:
     return load_policy(smollm2_dir(), dtype=torch.float32)
 
 
-def by_kind(report: dict[str, Any], tasks: list[Task]) -> dict[str, dict[str, float]]:
+def by_kind(report: dict[str, Any], tasks: list[SweTask]) -> dict[str, dict[str, float]]:
     """The value, random and oracle picks' means over each kind's tasks."""
     kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for task in tasks:

@@ -13,11 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.client import AsyncSandboxClient, SandboxClient
-from orchard.eval import RunConfig, evaluate, make_harness
-from orchard.eval.results import read_results
-from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-from orchard.tasks.assistant import (
+from orchard.domains import make_harness
+from orchard.domains.assistant import (
     CHECKS,
     TEMPLATES,
     AssistantTask,
@@ -30,9 +27,13 @@ from orchard.tasks.assistant import (
     validate_assistant,
     world_state,
 )
-from orchard.tasks.assistant.judge import judge_prompt, keyword_judge
-from orchard.tasks.assistant.services.tools import TOOLS, ToolError, call
-from orchard.tasks.loaders import TaskLoadError
+from orchard.domains.assistant.judge import judge_prompt, keyword_judge
+from orchard.domains.assistant.services.tools import TOOLS, ToolError, call
+from orchard.env.client import AsyncSandboxClient, SandboxClient
+from orchard.eval import RunConfig, evaluate
+from orchard.eval.results import read_results
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.tasks import TaskLoadError
 from orchard.testing.policies import Reply
 from orchard.testing.teacher import FunctionPolicy, TeacherServer
 from tests.conftest import needs_root
@@ -111,7 +112,7 @@ def client(orchestrator: str) -> Iterator[SandboxClient]:
 @needs_root
 def test_services_in_a_sandbox_over_http_and_mcp(client: SandboxClient,
                                                  orchestrator: str) -> None:
-    from orchard.tasks.assistant.mcp_client import mcp_session
+    from orchard.domains.assistant.mcp_client import mcp_session
 
     task = TASKS["hand-move-dana-thursday"]
     with client.create_sandbox() as sb:
@@ -287,10 +288,10 @@ for _ in range(20):
 @needs_root
 def test_an_external_assistant_cli_runs_inside_the_sandbox(data_dir: Path, orchestrator: str,
                                                            tmp_path: Path) -> None:
-    from orchard.eval.assistant_harness import AssistantCliHarness
+    from orchard.domains.assistant.harness import AssistantCliHarness
+    from orchard.domains.assistant.teacher import assistant_teacher
     from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
     from orchard.serving import ThreadedServer
-    from orchard.tasks.assistant.teacher import assistant_teacher
     from tests.conftest import dedicated_orchestrator
 
     chosen = [TASKS["hand-invoice-question"], TASKS["hand-prep-block"]]

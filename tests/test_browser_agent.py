@@ -12,18 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from orchard.domains import make_harness
+from orchard.domains.web import grade_web, load_web_tasks, start_sites
+from orchard.domains.web.browser_agent import run_browser_agent
+from orchard.domains.web.demo import BrowserContinuation
+from orchard.domains.web.teacher import hedged_web_teacher, web_teacher
 from orchard.env.client import SandboxClient
-from orchard.eval import RunConfig, evaluate, make_harness
+from orchard.eval import RunConfig, evaluate
 from orchard.eval.results import read_results
-from orchard.recipes.montecarlo import MC_LABEL, BrowserContinuation, MonteCarloAnnotator
+from orchard.recipes.montecarlo import MC_LABEL, MonteCarloAnnotator
 from orchard.recipes.trajectories import load_trajectories
-from orchard.rollout.agents.browser_agent import run_browser_agent
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.traces.branch import restore
 from orchard.rollout.traces.export import IMAGE_MARK, to_dataset, write_swe_jsonl
 from orchard.rollout.traces.trace import collect_trace
-from orchard.tasks.web import grade_web, load_web_tasks, start_sites
-from orchard.tasks.web.teacher import hedged_web_teacher, web_teacher
 from orchard.testing.teacher import FunctionPolicy, TeacherServer
 from tests.conftest import needs_browser, needs_root
 from tests.test_minisweagent import teacher_behind_proxy

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.tasks.bugfix_family import (
+from orchard.domains.swe.bugfix_family import (
     HIDDEN_TESTS,
     KINDS,
     SPEC,
@@ -21,14 +21,14 @@ from orchard.tasks.bugfix_family import (
     bugfix_family,
     solving_script,
 )
-from orchard.tasks.model import Task
+from orchard.domains.swe.model import SweTask
 
 TASKS = bugfix_family(128, 64, seed=0)
 TRAIN = [t for t in TASKS if t.split == "train"]
 TEST = [t for t in TASKS if t.split == "test"]
 
 
-def lay_out(task: Task, where: Path) -> Path:
+def lay_out(task: SweTask, where: Path) -> Path:
     for path, text in (task.source.files or {}).items():
         (where / path).parent.mkdir(parents=True, exist_ok=True)
         (where / path).write_text(text)
@@ -57,7 +57,7 @@ for name in dir(module):
 """
 
 
-def passing(task: Task, where: Path) -> set[str]:
+def passing(task: SweTask, where: Path) -> set[str]:
     """The hidden tests that pass in ``where``, as the grader's ids."""
     if not (where / HIDDEN_TESTS).exists():
         subprocess.run(["git", "apply", "-"], input=task.test_patch, text=True, cwd=where,
@@ -67,7 +67,7 @@ def passing(task: Task, where: Path) -> set[str]:
     return {f"{HIDDEN_TESTS}::{name}" for name in done.stdout.split()}
 
 
-def resolved(task: Task, where: Path) -> bool:
+def resolved(task: SweTask, where: Path) -> bool:
     return set(task.FAIL_TO_PASS + task.PASS_TO_PASS) <= passing(task, where)
 
 
@@ -108,7 +108,7 @@ def test_the_issue_never_gives_the_fix_but_the_sandbox_does() -> None:
 @pytest.mark.parametrize("task", [t for k in KINDS
                                   for t in [t for t in TASKS if t.metadata["kind"] == k][:3]],
                          ids=lambda t: t.instance_id)
-def test_gold_and_teacher_scripts_agree_with_the_hidden_tests(task: Task,
+def test_gold_and_teacher_scripts_agree_with_the_hidden_tests(task: SweTask,
                                                               tmp_path: Path) -> None:
     start = lay_out(task, tmp_path / "start")
     assert passing(task, start) == set(task.PASS_TO_PASS)  # only the bug fails at first
@@ -129,7 +129,7 @@ def test_gold_and_teacher_scripts_agree_with_the_hidden_tests(task: Task,
 @pytest.mark.parametrize("task", [t for k in KINDS
                                   for t in [t for t in TASKS if t.metadata["kind"] == k][:3]],
                          ids=lambda t: t.instance_id)
-def test_the_teachers_fix_needs_no_value_it_has_not_read(task: Task, tmp_path: Path) -> None:
+def test_the_teachers_fix_needs_no_value_it_has_not_read(task: SweTask, tmp_path: Path) -> None:
     # The wrong value is never shown to the agent. The teacher's fix must work whatever it
     # is, or its demonstrations would teach a policy to guess it.
     fix, kind = task.metadata["fix"], task.metadata["kind"]
@@ -176,13 +176,13 @@ def test_asking_for_a_negative_count_is_a_clear_error() -> None:
 def test_the_hindsight_judge_credits_the_fix_and_not_the_break() -> None:
     import json
 
+    from orchard.domains.swe.demo import hindsight_judge
     from orchard.recipes.credit import RetrospectiveAnnotator
-    from orchard.recipes.domains import hindsight_judge
     from orchard.recipes.trajectories import Trajectory
     from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
     from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
-    def played(task: Task, script: list[list[str]]) -> Trajectory:
+    def played(task: SweTask, script: list[list[str]]) -> Trajectory:
         messages: list[dict] = [{"role": "user", "content": task.problem_statement}]
         for t, (thought, command) in enumerate(script):
             messages += [{"role": "assistant", "content": thought, "tool_calls": [

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchard.tasks import bundled_data
-from orchard.tasks.loaders import load_tasks
+from orchard.domains.swe import bundled_data
+from orchard.domains.swe.loaders import load_tasks
 
 
 def test_unpack_then_pack_gives_the_same_bytes(tmp_path: Path) -> None:

@@ -12,8 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from orchard.domains.swe.family import settings_family
+from orchard.domains.swe.harness import MiniSweAgentHarness
+from orchard.domains.swe.minisweagent import config_from_specs
 from orchard.env.client import SandboxClient
-from orchard.eval.harness import MiniSweAgentHarness
 from orchard.recipes.demo import COMPACT_CONFIG
 from orchard.recipes.distill import (
     distill_pairs,
@@ -26,10 +28,8 @@ from orchard.recipes.models import tiny_llama
 from orchard.recipes.policy_server.batching import Job, generate
 from orchard.recipes.policy_server.server import PolicyServer
 from orchard.recipes.rl import RLConfig
-from orchard.rollout.agents.minisweagent import config_from_specs
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.traces.samples import Sample
-from orchard.tasks.family import settings_family
 from tests.conftest import needs_root
 
 TOK = load_tokenizer(TEST_TOKENIZER)

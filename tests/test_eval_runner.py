@@ -15,20 +15,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from orchard.env.client import ConnectError, SandboxClient
-from orchard.eval import (
-    HarnessResult,
+from orchard.domains.swe import RepoSource, SweTask, file_diff, load_tasks
+from orchard.domains.swe.harness import (
     MiniSweAgentHarness,
     OracleHarness,
-    RolloutContext,
-    RunConfig,
     TeacherHarness,
-    evaluate,
-    read_results,
 )
+from orchard.env.client import ConnectError, SandboxClient
+from orchard.eval import HarnessResult, RolloutContext, RunConfig, evaluate, read_results
 from orchard.eval.runner import RUN_LABEL
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-from orchard.tasks import RepoSource, Task, file_diff, load_tasks
 from orchard.testing.teacher import ScriptedPolicy, TeacherServer
 from tests.conftest import dedicated_orchestrator, needs_root, wait_until
 
@@ -49,12 +45,12 @@ def client(orchestrator: str) -> Iterator[SandboxClient]:
 
 
 @pytest.fixture(scope="module")
-def bundled() -> list[Task]:
+def bundled() -> list[SweTask]:
     return load_tasks("bundled")
 
 
 @pytest.fixture(scope="module")
-def teacher_run(client: SandboxClient, bundled: list[Task],
+def teacher_run(client: SandboxClient, bundled: list[SweTask],
                 tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TeacherHarness, dict]:
     out = tmp_path_factory.mktemp("teacher-run")
     harness = TeacherHarness(bundled, solve=0.5)
@@ -65,7 +61,7 @@ def teacher_run(client: SandboxClient, bundled: list[Task],
 
 
 def test_the_resolved_rate_is_what_the_teachers_script_intends(
-        teacher_run: tuple[Path, TeacherHarness, dict], bundled: list[Task],
+        teacher_run: tuple[Path, TeacherHarness, dict], bundled: list[SweTask],
         client: SandboxClient) -> None:
     out, harness, summary = teacher_run
     assert len(harness.solved) == round(len(bundled) / 2)
@@ -108,7 +104,7 @@ def test_each_rollout_leaves_a_trace_joining_model_calls_and_sandbox_events(
 
 
 def test_results_files(teacher_run: tuple[Path, TeacherHarness, dict],
-                       bundled: list[Task]) -> None:
+                       bundled: list[SweTask]) -> None:
     out, harness, _ = teacher_run
     saved = json.loads((out / "results.json").read_text())
     assert saved["run"]["harness"] == "teacher"
@@ -128,7 +124,7 @@ def _eval_cli(url: str, out: Path, *extra: str) -> list[str]:
 
 
 def test_kill_9_mid_run_then_resume_gives_the_same_table(
-        orchestrator: str, client: SandboxClient, bundled: list[Task], tmp_path: Path) -> None:
+        orchestrator: str, client: SandboxClient, bundled: list[SweTask], tmp_path: Path) -> None:
     out = tmp_path / "run"
     train = [t for t in bundled if t.split == "train"]
     runner = subprocess.Popen(_eval_cli(orchestrator, out), env=cli_env(),
@@ -172,7 +168,7 @@ def test_kill_9_mid_run_then_resume_gives_the_same_table(
 
 def _slow_task(tmp_path: Path) -> Path:
     """A task whose set-up takes a while, so its rollout sandbox is alive when we kill."""
-    task = Task(instance_id="slow-1", problem_statement="slow set-up",
+    task = SweTask(instance_id="slow-1", problem_statement="slow set-up",
                 patch=file_diff("a.py", "x = 1\n", "x = 2\n"),
                 test_patch=file_diff("test_a.py", None, "from a import x\n\n\n"
                                      "def test_x():\n    assert x == 2\n"),
@@ -232,7 +228,7 @@ class FlakyEnvironment:
 
 
 def test_environment_failures_are_retried_with_more_resources(
-        client: SandboxClient, bundled: list[Task], tmp_path: Path) -> None:
+        client: SandboxClient, bundled: list[SweTask], tmp_path: Path) -> None:
     task = bundled[0]
     harness = FlakyEnvironment(failures=1)
     summary = evaluate([task], harness, tmp_path / "a", client,
@@ -256,7 +252,7 @@ def test_environment_failures_are_retried_with_more_resources(
 
 
 def test_model_failures_are_classified_and_never_retried(
-        client: SandboxClient, bundled: list[Task], tmp_path: Path) -> None:
+        client: SandboxClient, bundled: list[SweTask], tmp_path: Path) -> None:
     policy = ScriptedPolicy([{"content": "ls", "tool_calls": [
         {"name": "bash", "arguments": {"command": "ls"}}]}] * 5)
     with TeacherServer(policy, load_tokenizer(TEST_TOKENIZER)) as teacher:
@@ -272,7 +268,7 @@ def test_model_failures_are_classified_and_never_retried(
 
 
 def test_a_sandbox_that_cannot_start_is_retried_and_the_failure_says_why(
-        client: SandboxClient, bundled: list[Task], tmp_path: Path) -> None:
+        client: SandboxClient, bundled: list[SweTask], tmp_path: Path) -> None:
     task = bundled[0].model_copy(update={"image": str(tmp_path / "no-such-image.tar")})
     evaluate([task], OracleHarness(), tmp_path, client,
              config=RunConfig(out=tmp_path, max_attempts=2))
@@ -284,7 +280,7 @@ def test_a_sandbox_that_cannot_start_is_retried_and_the_failure_says_why(
 
 def test_report_compares_two_harnesses_and_draws_a_chart(
         orchestrator: str, teacher_run: tuple[Path, TeacherHarness, dict],
-        bundled: list[Task], tmp_path: Path) -> None:
+        bundled: list[SweTask], tmp_path: Path) -> None:
     teacher_dir, harness, _ = teacher_run
     oracle_dir = tmp_path / "oracle"
     done = subprocess.run([str(ORCHARD), "eval", "--orchestrator", orchestrator, "--out",
@@ -309,7 +305,7 @@ def test_report_compares_two_harnesses_and_draws_a_chart(
     assert missing.returncode == 2 and "results.json" in missing.stderr
 
 
-def test_validate_cli_catches_a_broken_task(orchestrator: str, bundled: list[Task],
+def test_validate_cli_catches_a_broken_task(orchestrator: str, bundled: list[SweTask],
                                             tmp_path: Path) -> None:
     good = bundled[0]
     broken = good.model_copy(update={"instance_id": "broken-1", "patch": file_diff(

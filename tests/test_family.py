@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from orchard.tasks.family import MODULE, RIGHT, settings_family
+from orchard.domains.swe.family import MODULE, RIGHT, settings_family
 
 
 def test_same_seed_same_tasks_other_seed_other_tasks() -> None:

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.client import SandboxClient
-from orchard.tasks import (
+from orchard.domains.swe import (
     RepoSource,
-    Task,
+    SweTask,
     file_diff,
     grade,
     load_tasks,
     validate_task,
     validate_tasks,
 )
+from orchard.env.client import SandboxClient
 from tests.conftest import needs_root
 
 pytestmark = needs_root
@@ -38,13 +38,13 @@ P2P = ["tests/test_calc.py::test_zero", "tests/test_calc.py::test_right_zero",
        "tests/test_calc.py::test_neg"]
 
 
-def calc_task(**overrides: object) -> Task:
+def calc_task(**overrides: object) -> SweTask:
     fields: dict[str, object] = dict(
         instance_id="calc-1", problem_statement="add() subtracts", patch=GOLD,
         test_patch=file_diff("tests/test_add.py", None, NEW_TESTS),
         FAIL_TO_PASS=["tests/test_add.py::test_add"], PASS_TO_PASS=P2P,
         source=RepoSource(kind="files", files=FILES))
-    return Task(**(fields | overrides))
+    return SweTask(**(fields | overrides))
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,12 @@ import httpx
 import pytest
 from minisweagent.exceptions import Submitted
 
-from orchard.env.client import SandboxClient
-from orchard.rollout.agents.minisweagent import (
+from orchard.domains.swe.minisweagent import (
     OrchardEnvironment,
     SandboxUnavailable,
     run_task,
 )
+from orchard.env.client import SandboxClient
 from orchard.rollout.proxy.app import ProxySettings, create_proxy_app
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.traces.trace import collect_trace
@@ -238,10 +238,9 @@ def test_merged_output_and_nonzero_exit(env: OrchardEnvironment, http: httpx.Cli
 
 @needs_root
 def test_timeout_is_returncode_minus_one_and_keeps_output(env: OrchardEnvironment) -> None:
-    long_s = 60  # what the 1 s timeout cuts short: done in under half of it, the timeout did it
     t0 = time.monotonic()
-    out = env.execute({"command": f"echo started; sleep {long_s}; echo never"}, timeout=1)
-    assert time.monotonic() - t0 < long_s / 2
+    out = env.execute({"command": "echo started; sleep 30; echo never"}, timeout=1)
+    assert time.monotonic() - t0 < 15
     assert out["returncode"] == -1 and out["output"] == "started\n"
     assert "timed out after 1 seconds and was killed" in out["exception_info"]
     assert env.execute({"command": "echo still usable"})["output"] == "still usable\n"
@@ -270,8 +269,8 @@ def test_template_vars_and_serialize(env: OrchardEnvironment) -> None:
     assert (tv["system"], tv["release"], tv["machine"]) == ("Linux", *uname)
     assert tv["cwd"] == "/workspace" and tv["extra"] == "x" and tv["sandbox_id"] == env.sandbox_id
     data = env.serialize()["info"]
-    assert data["config"]["environment_type"] == (
-        "orchard.rollout.agents.minisweagent.OrchardEnvironment")
+    assert (data["config"]["environment_type"]
+            == "orchard.domains.swe.minisweagent.OrchardEnvironment")
     assert data["sandbox_id"] == env.sandbox_id
     assert "api_key" not in data["config"]["environment"] and "api_key" not in tv
 

@@ -131,7 +131,7 @@ def test_real_model_calls_are_recorded_as_sent_and_answered(proxy: tuple[str, Pa
 @needs_root
 def test_mini_swe_agent_drives_the_real_model_in_a_sandbox(
         orchestrator: str, proxy: tuple[str, Path]) -> None:
-    from orchard.rollout.agents.minisweagent import run_task
+    from orchard.domains.swe.minisweagent import run_task
 
     url, store = proxy
     session = f"real-msa-{uuid.uuid4().hex[:6]}"

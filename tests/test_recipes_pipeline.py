@@ -11,25 +11,26 @@ from typing import Literal
 import pytest
 import torch
 
+from orchard.domains import run_demo
+from orchard.domains.swe.demo import AgentContinuation, hedged_teacher
+from orchard.domains.swe.family import settings_family
+from orchard.domains.swe.harness import MiniSweAgentHarness, TeacherHarness, _stable_rank
+from orchard.domains.swe.minisweagent import config_from_specs
+from orchard.domains.swe.model import SweTask
 from orchard.env.client import SandboxClient
-from orchard.eval import RunConfig, TeacherHarness, evaluate
-from orchard.eval.harness import MiniSweAgentHarness, _stable_rank
+from orchard.eval import RunConfig, evaluate
 from orchard.eval.results import read_results
 from orchard.recipes.bar import BARConfig
-from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig, run_demo
-from orchard.recipes.domains import hedged_teacher
+from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig
 from orchard.recipes.loss import token_logprobs
 from orchard.recipes.models import tiny_llama
-from orchard.recipes.montecarlo import AgentContinuation, MonteCarloAnnotator
+from orchard.recipes.montecarlo import MonteCarloAnnotator
 from orchard.recipes.policy_server.server import PolicyServer
 from orchard.recipes.rl import PolicySampler, RLConfig, policy_update
 from orchard.recipes.sft import SFTConfig, build_sft_dataset
 from orchard.recipes.trajectories import Trajectory, load_trajectories
-from orchard.rollout.agents.minisweagent import config_from_specs
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.traces.branch import branch
-from orchard.tasks.family import settings_family
-from orchard.tasks.model import Task
 from orchard.testing.teacher import FunctionPolicy, TeacherServer
 from tests.conftest import needs_browser, needs_root
 
@@ -48,17 +49,17 @@ def agent_config() -> dict:
 
 
 @pytest.fixture(scope="module")
-def family() -> list[Task]:
+def family() -> list[SweTask]:
     return settings_family(n_train=8, n_test=0, seed=3)
 
 
-def _fails_by_breaking(task: Task) -> bool:
+def _fails_by_breaking(task: SweTask) -> bool:
     # The teacher harness picks a failing task's script by its stable rank (0: fix then break).
     return int(_stable_rank(task.instance_id), 16) % 2 == 0
 
 
 @pytest.fixture(scope="module")
-def teacher_run(client: SandboxClient, family: list[Task], agent_config: dict,
+def teacher_run(client: SandboxClient, family: list[SweTask], agent_config: dict,
                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, Trajectory]:
     """One solved task, one that the teacher fixes then breaks, one it fixes wrongly."""
     solved = family[0]
@@ -73,7 +74,7 @@ def teacher_run(client: SandboxClient, family: list[Task], agent_config: dict,
             "wrong": by_task[wrong.instance_id]}
 
 
-def _annotator(client: SandboxClient, family: list[Task], server: TeacherServer,
+def _annotator(client: SandboxClient, family: list[SweTask], server: TeacherServer,
                agent_config: dict, restore: Literal["fork", "replay"]) -> MonteCarloAnnotator:
     continuation = AgentContinuation(client, f"{server.url}/v1", "teacher", config=agent_config)
     return MonteCarloAnnotator(client, family, continuation, k=1, restore=restore)
@@ -82,7 +83,7 @@ def _annotator(client: SandboxClient, family: list[Task], server: TeacherServer,
 # Forks of one replay (the default) and one replay per continuation must agree.
 @pytest.mark.parametrize(("solve", "restore"), [(0.0, "fork"), (1.0, "fork"), (0.0, "replay")])
 def test_monte_carlo_values_follow_the_restored_state(
-        client: SandboxClient, family: list[Task], teacher_run: dict[str, Trajectory],
+        client: SandboxClient, family: list[SweTask], teacher_run: dict[str, Trajectory],
         agent_config: dict, solve: float, restore: Literal["fork", "replay"]) -> None:
     # solve=0: the continuation submits the workspace as it is, so V(s_t) says exactly whether
     # the replayed state at step t is already fixed; solve=1: it finishes the solving script.
@@ -128,7 +129,7 @@ def test_sft_dataset_trains_resolved_whole_and_unresolved_only_on_rises(
 
 
 def test_rl_samples_are_token_exact_and_an_update_moves_the_policy(
-        client: SandboxClient, family: list[Task], agent_config: dict,
+        client: SandboxClient, family: list[SweTask], agent_config: dict,
         tmp_path: Path) -> None:
     torch.manual_seed(0)
     tokenizer = load_tokenizer(TEST_TOKENIZER)
@@ -197,7 +198,7 @@ def test_demo_end_to_end(client: SandboxClient, tmp_path: Path) -> None:
     assert client.list_sandboxes() == []
 
 
-def test_branch_restores_a_step_k_times(client: SandboxClient, family: list[Task],
+def test_branch_restores_a_step_k_times(client: SandboxClient, family: list[SweTask],
                                         teacher_run: dict[str, Trajectory]) -> None:
     traj = teacher_run["broken"]  # look, fix, break, submit
     task = next(t for t in family if t.instance_id == traj.instance_id)

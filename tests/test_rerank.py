@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 
+from orchard.domains.swe import SweTask, file_diff, load_tasks
 from orchard.eval.results import Failure, RolloutResult, append_result
 from orchard.recipes.models import save_policy, tiny_llama
 from orchard.recipes.rerank import (
@@ -30,7 +31,6 @@ from orchard.recipes.sft import tokenize_conversation
 from orchard.recipes.trajectories import Trajectory, from_result
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.rollout.traces.trace import Trace
-from orchard.tasks import Task, file_diff, load_tasks
 
 CONFIG = ValueModelConfig(max_tokens=256, lr=3e-3, epochs=12, batch_size=8, hidden_size=64,
                           layers=2)
@@ -50,7 +50,7 @@ def reversed_patch(patch: str) -> str:
     return "".join(out)
 
 
-def candidates(task: Task, position: int) -> list[RolloutResult]:
+def candidates(task: SweTask, position: int) -> list[RolloutResult]:
     """Four samples; the gold patch is sample 1 + position % 3, so never sample 0 (the pick
     of a model that scores all alike)."""
     wrong = [reversed_patch(task.patch), "",
@@ -74,7 +74,7 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def tasks() -> list[Task]:
+def tasks() -> list[SweTask]:
     return load_tasks("bundled")
 
 
@@ -261,7 +261,7 @@ def test_best_of_n_rejects_bad_input():
     with pytest.raises(ValueError, match="no tasks"):
         best_of_n({}, {})
     with pytest.raises(ValueError, match="text_of"):
-        candidate_text(Task(instance_id="a", problem_statement="p", FAIL_TO_PASS=["t"]),
+        candidate_text(SweTask(instance_id="a", problem_statement="p", FAIL_TO_PASS=["t"]),
                        by_task["a"][0], text_of="diff")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="multiple of 16"):
         ValueModelConfig(hidden_size=40)

@@ -16,8 +16,18 @@ import pytest
 from pydantic import ValidationError
 from rich.console import Console
 
+from orchard.domains.swe import (
+    RepoSource,
+    SweTask,
+    TaskLoadError,
+    TaskSetupError,
+    grading,
+    load_tasks,
+)
+from orchard.domains.swe.grading import SweGrade
+from orchard.domains.swe.harness import OracleHarness
+from orchard.domains.swe.model import file_diff, patch_files
 from orchard.env.client import ConnectError, WaitTimeout
-from orchard.eval.harness import OracleHarness
 from orchard.eval.report import compare_tables, draw_chart, run_table
 from orchard.eval.results import (
     ROLLOUTS_FILE,
@@ -31,9 +41,6 @@ from orchard.eval.results import (
     write_outputs,
 )
 from orchard.eval.runner import RunConfig, RunMismatch, Runner, _scaled, classify
-from orchard.tasks import RepoSource, Task, TaskLoadError, TaskSetupError, grading, load_tasks
-from orchard.tasks.grading import Grade
-from orchard.tasks.model import file_diff, patch_files
 
 SYS_PYTHON = "/usr/bin/python3"  # has pytest; what the sandboxes' "python3" is
 
@@ -49,11 +56,11 @@ def git(cwd: Path, *args: str) -> str:
 def test_json_string_test_lists_parse_to_lists() -> None:
     # SWE-bench on the Hub stores FAIL_TO_PASS / PASS_TO_PASS as JSON strings.
     f2p, p2p = ["t.py::test_a", "t.py::test_b[1]"], ["t.py::test_c"]
-    t = Task(instance_id="x-1", problem_statement="p", FAIL_TO_PASS=json.dumps(f2p),
+    t = SweTask(instance_id="x-1", problem_statement="p", FAIL_TO_PASS=json.dumps(f2p),
              PASS_TO_PASS=json.dumps(p2p))
     assert f2p == t.FAIL_TO_PASS
     assert p2p == t.PASS_TO_PASS
-    assert Task(instance_id="x-1", problem_statement="p", FAIL_TO_PASS=f2p,
+    assert SweTask(instance_id="x-1", problem_statement="p", FAIL_TO_PASS=f2p,
                 PASS_TO_PASS="").PASS_TO_PASS == []
 
 
@@ -67,7 +74,7 @@ def test_json_string_test_lists_parse_to_lists() -> None:
 def test_invalid_tasks_are_rejected(fields: dict, field: str | None, needle: str) -> None:
     base = {"instance_id": "ok-1", "problem_statement": "p", "FAIL_TO_PASS": ["t.py::t"]}
     with pytest.raises(ValidationError) as e:
-        Task(**(base | fields))
+        SweTask(**(base | fields))
     [err] = e.value.errors()
     assert err["loc"] == ((field,) if field else ())
     assert needle in err["msg"]
@@ -110,7 +117,7 @@ def test_patch_files_of_a_plain_diff() -> None:
 
 
 def test_test_files_are_test_patch_files_plus_files_named_by_ids() -> None:
-    t = Task(instance_id="x-1", problem_statement="p",
+    t = SweTask(instance_id="x-1", problem_statement="p",
              test_patch=file_diff("tests/test_new.py", None, "def test_n():\n    pass\n"),
              FAIL_TO_PASS=["tests/test_a.py::test_x", "tests/test_new.py::test_n"],
              PASS_TO_PASS=["tests/unit/test_b.py::TestC::test_d[1-2]", "test_bare_name"])
@@ -232,11 +239,11 @@ BUG_KINDS = {"logic", "off_by_one", "wrong_api_use", "missing_edge_case", "multi
 
 
 @pytest.fixture(scope="module")
-def bundled() -> list[Task]:
+def bundled() -> list[SweTask]:
     return load_tasks("bundled")
 
 
-def test_bundled_set_shape(bundled: list[Task]) -> None:
+def test_bundled_set_shape(bundled: list[SweTask]) -> None:
     assert len(bundled) >= 30
     assert {t.split for t in bundled} == {"train", "test"}
     assert {t.metadata.get("bug_kind") for t in bundled} == BUG_KINDS
@@ -244,7 +251,7 @@ def test_bundled_set_shape(bundled: list[Task]) -> None:
     assert len(set(repos)) == len(repos) and all(repos)
 
 
-def test_every_bundled_task_is_well_formed(bundled: list[Task]) -> None:
+def test_every_bundled_task_is_well_formed(bundled: list[SweTask]) -> None:
     problems = {}
     for t in bundled:
         gold, tests = patch_files(t.patch), patch_files(t.test_patch)
@@ -317,14 +324,14 @@ def pytest_log(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def scored(log: str, f2p: list[str], p2p: list[str]) -> tuple[list[str], list[str]]:
     ids = [f"test_gen.py::{n}" for n in (*f2p, *p2p)]
-    task = Task(instance_id="gen-1", problem_statement="p", FAIL_TO_PASS=ids[:len(f2p)],
+    task = SweTask(instance_id="gen-1", problem_statement="p", FAIL_TO_PASS=ids[:len(f2p)],
                 PASS_TO_PASS=ids[len(f2p):])
     f, p = grading.score(task, log)
     return [x.split("::")[1] for x in f], [x.split("::")[1] for x in p]
 
 
 def test_status_parses_parametrized_ids(pytest_log: str) -> None:
-    task = Task(instance_id="g", problem_statement="p", FAIL_TO_PASS=["a"])
+    task = SweTask(instance_id="g", problem_statement="p", FAIL_TO_PASS=["a"])
     status = grading.test_status(task, pytest_log)
     assert {k: status[f"test_gen.py::test_param[{k}]"] for k in (1, 2, 3)} == {
         1: "PASSED", 2: "FAILED", 3: "PASSED"}
@@ -364,7 +371,7 @@ def test_pass_at_k_matches_the_closed_form() -> None:
 
 def rollout(tid: str, k: int, resolved: bool, *, failure: str | None = None,
             total: float = 10.0, env: float = 2.0, run_id: str = "r1") -> RolloutResult:
-    grade = None if failure else Grade(
+    grade = None if failure else SweGrade(
         instance_id=tid, resolved=resolved, reward=1.0 if resolved else -1.0,
         outcome="resolved" if resolved else "tests_failed")
     return RolloutResult(

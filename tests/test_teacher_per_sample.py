@@ -8,8 +8,9 @@ from collections import Counter
 
 import pytest
 
-from orchard.eval.harness import TeacherHarness
-from orchard.tasks.bugfix_family import SUBMIT, bugfix_family
+from orchard.domains.swe.bugfix_family import bugfix_family
+from orchard.domains.swe.harness import TeacherHarness
+from orchard.tasks import SUBMIT_COMMAND as SUBMIT
 
 
 def rollout(harness: TeacherHarness, statement: str) -> tuple[str, ...]:

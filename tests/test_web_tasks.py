@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchard.env.client import SandboxClient
-from orchard.tasks.loaders import TaskLoadError
-from orchard.tasks.web import (
+from orchard.domains.web import (
     BUNDLED,
     CHECKERS,
     Checker,
@@ -24,6 +22,8 @@ from orchard.tasks.web import (
     start_sites,
     validate_web,
 )
+from orchard.env.client import SandboxClient
+from orchard.tasks import TaskLoadError
 from tests.conftest import needs_browser, needs_root
 
 TASKS = load_web_tasks()

@@ -77,7 +77,7 @@ def demo(
     RL -> held-out evaluation, with real sandboxes and grading; prints the stage table."""
     from rich.table import Table
 
-    from orchard.recipes.demo import run_demo
+    from orchard.domains import run_demo
 
     config = demo_config(domain, seed=seed, eval_n=eval_n, judge=judge,
                          judge_model=judge_model, device=device, lora_rank=lora_rank,

@@ -55,7 +55,7 @@ def rollout_mini_swe_agent(
         assert task_file is not None
         task = task_file.read_text()
     # Heavy (litellm): only this command needs it.
-    from orchard.rollout.agents.minisweagent import config_from_specs, run_task
+    from orchard.domains.swe.minisweagent import config_from_specs, run_task
 
     # Only after that import, which keeps litellm's own import from going online.
     litellm = sys.modules["litellm"]

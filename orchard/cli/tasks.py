@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,12 +16,7 @@ from orchard.cli._common import OrchestratorOption, friendly_errors, open_orches
 from orchard.env.client import SandboxClient
 
 if TYPE_CHECKING:
-    from orchard.tasks import Task, TaskCheck
-    from orchard.tasks.assistant import AssistantTask, AssistantTaskCheck
-    from orchard.tasks.web import WebTask, WebTaskCheck
-
-T = TypeVar("T")
-C = TypeVar("C")
+    from orchard.domains import Domain
 
 tasks_app = typer.Typer(no_args_is_help=True, help="Task sets: list and validate them.")
 # eval and report are top-level commands.
@@ -40,8 +32,10 @@ _TaskIds = Annotated[list[str] | None, typer.Option(
     "--task", help="Keep only this instance id (repeatable).", show_default=False)]
 
 
-def _load(tasks: str, split: str | None, ids: list[str] | None) -> list[Task]:
-    from orchard.tasks import TaskLoadError, load_tasks
+def _load(tasks: str, split: str | None, ids: list[str] | None) -> tuple[Domain, list[Any]]:
+    """The set's domain (the registry resolves its name or path) and its tasks."""
+    from orchard.domains import load_tasks
+    from orchard.tasks import TaskLoadError
 
     try:
         return load_tasks(tasks, split=split, ids=ids or None)
@@ -50,95 +44,21 @@ def _load(tasks: str, split: str | None, ids: list[str] | None) -> list[Task]:
         raise typer.Exit(2) from None
 
 
-def _load_web(tasks: str, split: str | None, ids: list[str] | None) -> list[WebTask]:
-    from orchard.tasks.web import load_web_tasks
-
-    return _loaded(load_web_tasks, tasks, split, ids)
-
-
-def _load_assistant(tasks: str, split: str | None, ids: list[str] | None
-                    ) -> list[AssistantTask]:
-    from orchard.tasks.assistant import load_assistant_tasks
-
-    return _loaded(load_assistant_tasks, tasks, split, ids)
-
-
-def _loaded(loader: Callable[..., list[T]], tasks: str, split: str | None,
-            ids: list[str] | None) -> list[T]:
-    from orchard.tasks import TaskLoadError
-
-    try:
-        loaded = loader(tasks, split=split)
-    except TaskLoadError as exc:
-        stderr.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    return [t for t in loaded if not ids or t.instance_id in ids]
-
-
-def _domain(tasks: str) -> str:
-    """swe, web or assistant: by the set's name, or a YAML file's first task."""
-    from orchard.tasks.assistant import ASSISTANT_SETS
-    from orchard.tasks.web import WEB_SETS
-
-    if tasks in WEB_SETS:
-        return "web"
-    if tasks in ASSISTANT_SETS:
-        return "assistant"
-    if tasks.endswith((".yaml", ".yml")):  # both domains' task files are YAML
-        path = Path(tasks)
-        text = path.read_text(errors="replace") if path.is_file() else ""
-        return "assistant" if re.search(r"^\s*-?\s*world:", text, re.MULTILINE) else "web"
-    return "swe"
-
-
-def _is_web(tasks: str) -> bool:
-    return _domain(tasks) == "web"
-
-
 @tasks_app.command("list")
 def tasks_list(tasks: _Tasks = "bundled", split: _Split = None,
                json_: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List a task set's tasks."""
-    if _domain(tasks) == "assistant":
-        helped = _load_assistant(tasks, split, None)
-        if json_:
-            typer.echo(json.dumps([t.model_dump(exclude={"gold", "world"}) for t in helped],
-                                  indent=2))
-            return
-        table = Table(title=f"{tasks}: {len(helped)} tasks")
-        for col in ("instance_id", "split", "checks", "rubric", "goal"):
-            table.add_column(col)
-        for a in helped:
-            table.add_row(a.instance_id, a.split or "", ",".join(c.name for c in a.checks),
-                          str(len(a.rubric)), a.goal)
-        Console().print(table)
-        return
-    if _is_web(tasks):
-        web = _load_web(tasks, split, None)
-        if json_:
-            typer.echo(json.dumps([t.model_dump(exclude={"gold"}) for t in web], indent=2))
-            return
-        table = Table(title=f"{tasks}: {len(web)} tasks")
-        for col in ("instance_id", "split", "sites", "checker", "goal"):
-            table.add_column(col)
-        for w in web:
-            sites = ",".join(w.sites) or ""
-            if w.live:  # plainly marked: it needs the internet
-                sites = f"LIVE {urlsplit(w.start_url).hostname}" + (f", {sites}" if sites else "")
-            table.add_row(w.instance_id, w.split or "", sites, w.checker.name, w.goal)
-        Console().print(table)
-        return
-    loaded = _load(tasks, split, None)
+    domain, loaded = _load(tasks, split, None)
+    listing = domain.listing
     if json_:
-        typer.echo(json.dumps([t.model_dump(exclude={"patch", "test_patch", "source"})
-                               for t in loaded], indent=2))
+        typer.echo(json.dumps([t.model_dump(exclude=set(listing.json_exclude)) for t in loaded],
+                              indent=2))
         return
     table = Table(title=f"{tasks}: {len(loaded)} tasks")
-    for col in ("instance_id", "split", "kind", "F2P", "P2P", "image"):
+    for col in listing.columns:
         table.add_column(col)
     for t in loaded:
-        table.add_row(t.instance_id, t.split or "", str(t.metadata.get("bug_kind", "")),
-                      str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)), t.image)
+        table.add_row(*listing.row(t))
     Console().print(table)
 
 
@@ -156,31 +76,17 @@ def tasks_validate(
     """Check every task: the gold patch resolves it, and on the untouched repository its
     FAIL_TO_PASS tests fail and PASS_TO_PASS tests pass (web tasks: the gold run resolves it,
     doing nothing does not). Exit 1 if any task is broken."""
-    from orchard.tasks import validate_tasks
-
-    def report(check: TaskCheck | WebTaskCheck | AssistantTaskCheck) -> None:
+    def report(check: Any) -> None:
         if not json_:
             mark = "[green]ok[/]" if check.ok else "[red]BROKEN[/]"
             stderr.print(f"{mark} {check.instance_id} ({check.seconds:.1f}s)"
                          + "".join(f"\n    {escape(p)}" for p in check.problems))
 
+    domain, loaded = _load(tasks, split, task)
     with contextlib.ExitStack() as stack:
         url, api_key = open_orchestrator(stack, ctx, orchestrator)
         client = stack.enter_context(SandboxClient(url, api_key=api_key))
-        checks: list[TaskCheck] | list[WebTaskCheck] | list[AssistantTaskCheck]
-        if _domain(tasks) == "assistant":
-            from orchard.tasks.assistant import validate_assistant
-
-            checks = _validate_each(client, _load_assistant(tasks, split, task),
-                                    validate_assistant, concurrency, report)
-        elif _is_web(tasks):
-            from orchard.tasks.web import validate_web
-
-            checks = _validate_each(client, _load_web(tasks, split, task), validate_web,
-                                    concurrency, report)
-        else:
-            checks = validate_tasks(client, _load(tasks, split, task), concurrency=concurrency,
-                                    on_done=report)
+        checks = domain.validate(client, loaded, concurrency, report)
     broken = [c for c in checks if not c.ok]
     if json_:
         typer.echo(json.dumps([c.model_dump(mode="json") for c in checks], indent=2))
@@ -189,20 +95,6 @@ def tasks_validate(
                      + (f"; broken: {', '.join(c.instance_id for c in broken)}" if broken else ""))
     if broken:
         raise typer.Exit(1)
-
-
-def _validate_each(client: SandboxClient, tasks: list[T],
-                   validate: Callable[[SandboxClient, T], C], concurrency: int,
-                   report: Callable[[C], None]) -> list[C]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(task: T) -> C:
-        check = validate(client, task)
-        report(check)
-        return check
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(one, tasks))
 
 
 @app.command("eval")
@@ -263,22 +155,12 @@ def eval_(
 ) -> None:
     """Run a harness on tasks (n samples each), grade every patch in a fresh sandbox, and
     write DIR/results.json, results.parquet, rollouts.jsonl and one trace per rollout."""
-    from orchard.eval import (
-        RunConfig,
-        RunMismatch,
-        evaluate,
-        load_summary,
-        make_harness,
-        run_table,
-    )
+    from orchard.domains import make_harness
+    from orchard.domains.swe.minisweagent import config_from_specs
+    from orchard.eval import RunConfig, RunMismatch, evaluate, load_summary, run_table
     from orchard.eval.progress import RunProgress
-    from orchard.rollout.agents.minisweagent import config_from_specs
 
-    domain = _domain(tasks)
-    loaded: list[Task] | list[WebTask] | list[AssistantTask] = (
-        _load_web(tasks, split, task) if domain == "web"
-        else _load_assistant(tasks, split, task) if domain == "assistant"
-        else _load(tasks, split, task))
+    _, loaded = _load(tasks, split, task)
     try:
         overrides = config_from_specs(config or [])
         h = make_harness(harness, loaded, model_url=model_url, model=model,

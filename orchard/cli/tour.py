@@ -39,8 +39,9 @@ def _eval(client: SandboxClient, out: Path, rows: list[tuple[str, str, str]]) ->
     """The rollout pipeline end to end: mini-swe-agent driven by the scripted teacher model
     (which solves half the tasks) through the recording proxy, on the bundled test split,
     each patch graded in a fresh sandbox."""
-    from orchard.eval import RunConfig, TeacherHarness, evaluate, run_table
-    from orchard.tasks import load_tasks
+    from orchard.domains.swe import load_tasks
+    from orchard.domains.swe.harness import TeacherHarness
+    from orchard.eval import RunConfig, evaluate, run_table
 
     tasks = load_tasks("bundled", split="test")
     harness = TeacherHarness(tasks, solve=0.5)

@@ -13,11 +13,9 @@ from pathlib import Path
 from statistics import mean, median
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializeAsAny
 
-from orchard.tasks.assistant.grading import AssistantGrade
-from orchard.tasks.grading import Grade
-from orchard.tasks.web.grading import WebGrade
+from orchard.tasks.protocol import Grade
 
 FailureClass = Literal["environment", "model", "task", "harness", "grading", "judge"]
 
@@ -53,7 +51,9 @@ class RolloutResult(BaseModel):
     patch: str = ""
     resolved: bool = False
     reward: float = -1.0
-    grade: Grade | WebGrade | AssistantGrade | None = None
+    grade: SerializeAsAny[Grade] | None = None
+    """The domain's grade as the task made it; read back from a file, a plain ``Grade``
+    whose domain fields (tests, checks, answer) are kept as extra fields."""
     failure: Failure | None = None
     n_steps: int = 0
     n_tokens: int = 0

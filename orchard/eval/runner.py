@@ -31,8 +31,6 @@ from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.eval.harness import (
     JUDGE_CALLS,
     JUDGE_FAILURE,
-    SANDBOX_GRADE,
-    AnyTask,
     Harness,
     HarnessError,
     HarnessResult,
@@ -48,12 +46,7 @@ from orchard.eval.results import (
     summarize,
     write_outputs,
 )
-from orchard.tasks.assistant.grading import AssistantGrade
-from orchard.tasks.assistant.model import AssistantTask
-from orchard.tasks.grading import grade
-from orchard.tasks.web.grading import WebGrade
-from orchard.tasks.web.model import WebTask
-from orchard.tasks.workspace import TaskSetupError
+from orchard.tasks.protocol import Submission, Task, TaskSetupError
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +95,7 @@ def _scaled(cpu: str, memory: str, attempt: int) -> tuple[str, str]:
 
 
 class Runner:
-    def __init__(self, config: RunConfig, tasks: Sequence[AnyTask], harness: Harness,
+    def __init__(self, config: RunConfig, tasks: Sequence[Task], harness: Harness,
                  client: SandboxClient, *, proxy_url: str | None = None,
                  proxy_key: str | None = None,
                  on_result: Callable[[RolloutResult], None] | None = None,
@@ -153,7 +146,7 @@ class Runner:
 
     # --- running ----------------------------------------------------------------------------
 
-    def pending(self, done: set[tuple[str, int]]) -> list[tuple[AnyTask, int]]:
+    def pending(self, done: set[tuple[str, int]]) -> list[tuple[Task, int]]:
         return [(t, k) for k in range(self.config.n) for t in self.tasks
                 if (t.instance_id, k) not in done]
 
@@ -194,7 +187,7 @@ class Runner:
                                                     **self.config.settings})
         return summary
 
-    def rollout(self, task: AnyTask, k: int, beats: Heartbeats) -> RolloutResult:
+    def rollout(self, task: Task, k: int, beats: Heartbeats) -> RolloutResult:
         """One rollout: the harness (retried on environment failures), then grading."""
         started = time.time()
         t0 = time.monotonic()
@@ -238,13 +231,12 @@ class Runner:
         result.ended_at = time.time()
         return result
 
-    def _grade(self, task: AnyTask, result: RolloutResult,
+    def _grade(self, task: Task, result: RolloutResult,
                outcome: HarnessResult | None) -> None:
-        if isinstance(task, WebTask | AssistantTask):
+        if task.graded_in_rollout:
             # Graded by the harness, in the rollout's sandbox, where the state to judge was.
-            if outcome is not None and SANDBOX_GRADE in outcome.detail:
-                kind = WebGrade if isinstance(task, WebTask) else AssistantGrade
-                result.grade = kind.model_validate(outcome.detail[SANDBOX_GRADE])
+            if outcome is not None and outcome.grade is not None:
+                result.grade = outcome.grade
                 result.resolved, result.reward = result.grade.resolved, result.grade.reward
             if outcome is not None and outcome.detail.get(JUDGE_FAILURE):
                 result.failure = Failure(cls="judge", type="JudgeFailed",
@@ -255,7 +247,8 @@ class Runner:
         g0 = time.monotonic()
         for attempt in range(1, self.config.max_attempts + 1):
             try:
-                result.grade = grade(self.client, task, result.patch, labels=labels)
+                result.grade = task.grade(self.client, Submission(patch=result.patch),
+                                          labels=labels)
                 break
             except OrchardError as e:
                 if attempt == self.config.max_attempts:

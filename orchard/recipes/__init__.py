@@ -33,12 +33,7 @@ from orchard.recipes.distill import distill_step, train_distill
 from orchard.recipes.loop import adamw, optimizer_step, train_loop, trainable
 from orchard.recipes.loss import masked_nll, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.models import load_policy, save_policy, smollm2_dir, tiny_llama
-from orchard.recipes.montecarlo import (
-    AgentContinuation,
-    BrowserContinuation,
-    Continuation,
-    MonteCarloAnnotator,
-)
+from orchard.recipes.montecarlo import Continuation, MonteCarloAnnotator
 from orchard.recipes.policy_server import FolderSync, PolicyEngine, PolicyServer
 from orchard.recipes.rerank import (
     ValueModel,
@@ -63,9 +58,8 @@ from orchard.recipes.sft import (
 from orchard.recipes.trajectories import Trajectory, load_trajectories
 
 __all__ = [
-    "AgentContinuation", "AnnotationError", "Annotator", "BARConfig", "BrowserContinuation",
-    "ChatTemplateError", "Continuation", "Demo", "DemoConfig", "FolderSync", "GroupResult",
-    "JudgeError",
+    "AnnotationError", "Annotator", "BARConfig", "ChatTemplateError", "Continuation", "Demo",
+    "DemoConfig", "FolderSync", "GroupResult", "JudgeError",
     "MonteCarloAnnotator",
     "PolicyEngine", "PolicySampler", "PolicyServer", "RLConfig", "RetrospectiveAnnotator",
     "Rollout", "SFTConfig", "SFTExample", "Trajectory", "ValueCurve", "ValueModel",

@@ -39,7 +39,7 @@ from orchard.eval.harness import Harness
 from orchard.eval.runner import RunConfig
 from orchard.recipes.bar import BARConfig
 from orchard.recipes.credit import RetrospectiveAnnotator
-from orchard.recipes.domains import demo_domain, hindsight_judge
+from orchard.recipes.domains import DemoDomain
 from orchard.recipes.models import load_policy, tiny_llama, with_lora
 from orchard.recipes.montecarlo import MonteCarloAnnotator
 from orchard.recipes.policy_server.server import PolicyServer
@@ -53,9 +53,7 @@ from orchard.recipes.rerank import (
 from orchard.recipes.rl import RLConfig, train_rl
 from orchard.recipes.sft import SFTConfig, build_sft_dataset, save_examples, sft_train
 from orchard.recipes.trajectories import load_trajectories
-from orchard.rollout.agents.minisweagent import config_from_specs
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
-from orchard.tasks.assistant.judge import RubricJudge, keyword_judge
 from orchard.testing.policies import Policy
 from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
@@ -78,7 +76,7 @@ class DemoConfig:
     retrospective LLM judge (``values_judge_url``), or not at all (SFT on resolved rollouts
     only: the ablation of credit assignment)."""
     values_judge_url: str | None = None
-    """"scripted" (``domains.hindsight_judge``, SWE families) or an OpenAI base URL."""
+    """"scripted" (the domain's ``values_judge``: SWE families) or an OpenAI base URL."""
     values_judge_model: str = "judge"
     mc_k: int = 2
     """Continuations per key state."""
@@ -124,7 +122,7 @@ class DemoConfig:
     linear layer, and the server serves the merged weights."""
     judge: str | None = None
     """Assistant domain: a rubric judge for the policy's rollouts (evaluation and RL), whose
-    reward base + 0.5 J gives BAR's advantages. "scripted": ``keyword_judge`` on a local
+    reward base + 0.5 J gives BAR's advantages. "scripted": the domain's scripted judge on a local
     server; otherwise an OpenAI base URL serving ``judge_model``."""
     judge_model: str = "judge"
 
@@ -169,10 +167,9 @@ class Demo:
     """The pipeline's stages as methods, so each can be read (and rerun) on its own."""
 
     def __init__(self, out: Path, config: DemoConfig, client: SandboxClient,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, *, domain: DemoDomain) -> None:
         self.out, self.config, self.client, self.log = out, config, client, log
-        self.agent_config = config_from_specs([COMPACT_CONFIG])
-        self.domain = demo_domain(config.domain, self.agent_config)
+        self.domain = domain  # config.domain's adapter: orchard.domains.demo_domain
         self.tasks = self.domain.tasks(config.n_train, config.n_test, config.seed)
         self.train = [t for t in self.tasks if t.split == "train"][:config.n_train]
         self.test = [t for t in self.tasks if t.split == "test"][:config.n_test]
@@ -230,7 +227,8 @@ class Demo:
                 raise ValueError("values='retrospective' needs values_judge_url: 'scripted' "
                                  "or the OpenAI base URL of the judge model")
             if url == "scripted":
-                url = _serve(stack, hindsight_judge(self.train), self.config.values_judge_model)
+                url = _serve(stack, self.domain.values_judge(self.train),
+                             self.config.values_judge_model)
             return RetrospectiveAnnotator(url, self.config.values_judge_model)
 
         policy = self.domain.continuation_policy(self.train, self.config.mc_solve,
@@ -290,15 +288,11 @@ class Demo:
     def run(self) -> dict[str, Any]:
         with contextlib.ExitStack() as stack:
             if self.config.judge is not None:
-                self.domain = demo_domain(self.config.domain, self.agent_config,
-                                          judge=self._open_judge(stack))
+                url = self.config.judge
+                if url == "scripted":
+                    url = _serve(stack, self.domain.scripted_judge(), self.config.judge_model)
+                self.domain = self.domain.judged(url, self.config.judge_model)
             return self._run()
-
-    def _open_judge(self, stack: contextlib.ExitStack) -> RubricJudge:
-        url = self.config.judge or ""
-        if url == "scripted":
-            url = _serve(stack, keyword_judge, self.config.judge_model)
-        return RubricJudge(url, self.config.judge_model)
 
     def load_model(self) -> tuple[torch.nn.Module, Any]:
         """The untrained policy on its device, and its tokenizer."""
@@ -341,7 +335,6 @@ class Demo:
         ``out/name``."""
         log = train_rl(
             model, self.train, self.client, server, self.out / name, config or self.config.rl,
-            render_with=self.tokenizer_dir, agent_config=self.agent_config,
             harness=self._policy_harness(server), on_step=lambda r: self.log(
                 f"  {name} step {r['step']}: {r['groups']} groups, resolved "
                 f"{r['resolved_rate']:.0%} of {r['rollouts']} rollouts, mean reward "
@@ -437,13 +430,14 @@ def draw_learning_curve(sft_log: list[dict[str, Any]], rl_log: list[dict[str, An
     plt.close(fig)
 
 
-def run_demo(out: Path, config: DemoConfig | None = None, *,
+def run_demo(out: Path, config: DemoConfig, *, domain: DemoDomain,
              client: SandboxClient | None = None,
              log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the pipeline into ``out`` (embedded orchestrator unless ``client`` is given)."""
+    """Run the pipeline on ``domain`` (``config.domain``'s adapter) into ``out`` (embedded
+    orchestrator unless ``client`` is given). ``orchard.domains.run_demo`` finds the adapter
+    by the config's name."""
     out.mkdir(parents=True, exist_ok=True)
-    config = config or DemoConfig()
     if client is not None:
-        return Demo(out, config, client, log).run()
+        return Demo(out, config, client, log, domain=domain).run()
     with SandboxClient.local() as local:
-        return Demo(out, config, local, log).run()
+        return Demo(out, config, local, log, domain=domain).run()

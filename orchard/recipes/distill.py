@@ -27,12 +27,13 @@ from typing import Any
 import torch
 
 from orchard.env.client import SandboxClient
-from orchard.eval.harness import AnyTask, Harness
+from orchard.eval.harness import Harness
 from orchard.recipes.loop import adamw, train_loop
 from orchard.recipes.loss import pad_id_of, token_logprobs
 from orchard.recipes.policy_server.weight_sync import ServesWeights
 from orchard.recipes.rl import PolicySampler, RLConfig, policy_update
 from orchard.rollout.traces.samples import Sample
+from orchard.tasks.protocol import Task
 
 
 @torch.no_grad()
@@ -82,7 +83,7 @@ def distill_step(student: torch.nn.Module, teacher: torch.nn.Module,
 
 
 def train_distill(student: torch.nn.Module, teacher: torch.nn.Module,
-                  tasks: Sequence[AnyTask], client: SandboxClient, server: ServesWeights,
+                  tasks: Sequence[Task], client: SandboxClient, server: ServesWeights,
                   harness: Harness, out: Path, config: RLConfig, *, rollouts_per_step: int = 4,
                   on_step: Callable[[dict[str, Any]], None] | None = None
                   ) -> list[dict[str, Any]]:

@@ -10,6 +10,9 @@ retrospective annotator.
 
     annotator = MonteCarloAnnotator(client, tasks, AgentContinuation(client, url, "policy"))
     curve = annotator.annotate(trajectory)
+
+Each domain's continuation (``AgentContinuation`` for SWE tasks, ``BrowserContinuation``,
+``AssistantContinuation``) lives with it, in ``orchard.domains.<name>.montecarlo``.
 """
 
 from __future__ import annotations
@@ -22,11 +25,7 @@ from orchard.recipes.credit import ValueCurve, interpolate, key_steps
 from orchard.recipes.trajectories import Trajectory
 from orchard.rollout.traces.branch import branch, delete_all, restore
 from orchard.rollout.traces.trace import Trace
-from orchard.tasks.assistant.grading import grade_assistant
-from orchard.tasks.assistant.model import SERVICES_PORT, AssistantTask
-from orchard.tasks.grading import grade
-from orchard.tasks.model import Task
-from orchard.tasks.web import WebTask, grade_web
+from orchard.tasks.protocol import Task
 
 MC_LABEL = "orchard.dev/mc-of"
 
@@ -39,76 +38,10 @@ class Continuation(Protocol):
                  sample: int, labels: dict[str, str]) -> str: ...
 
 
-def _clean(message: dict[str, Any]) -> dict[str, Any]:
-    # The SWE schema pads every message with every key; chat servers want only the ones used.
+def clean_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A recorded message as a chat server takes it back: the SWE schema pads every message
+    with every key, and servers want only the ones used."""
     return {k: v for k, v in message.items() if v not in (None, [], "") or k == "content"}
-
-
-class AgentContinuation:
-    """mini-swe-agent (the same harness and config as the rollouts) continuing the recorded
-    conversation with the model at ``model_url`` (an OpenAI base URL ending in /v1)."""
-
-    def __init__(self, client: SandboxClient, model_url: str, model: str, *,
-                 config: Mapping[str, Any] | None = None) -> None:
-        self.client, self.model_url, self.model = client, model_url, model
-        self.config = dict(config or {})
-
-    def __call__(self, task: Task, sandbox: Sandbox, history: list[dict[str, Any]],
-                 sample: int, labels: dict[str, str]) -> str:
-        from orchard.rollout.agents.minisweagent import run_task
-
-        base = sandbox.exec("git rev-parse HEAD", cwd=task.workdir, timeout=60).stdout.strip()
-        done = run_task(
-            task.problem_statement, orchestrator_url=str(self.client.base_url),
-            orchestrator_api_key=self.client.api_key, model_base_url=self.model_url,
-            model_name=self.model, sandbox_id=sandbox.id, cwd=task.workdir,
-            step_limit=task.budget.steps, token_limit=task.budget.tokens,
-            wall_time_limit=task.budget.wall_time, token_ids=False,
-            config_overrides=self.config, history=[_clean(m) for m in history])
-        patch = ""
-        if done["exit_status"] == "Submitted":
-            job = sandbox.exec(f"git add -A && git diff --cached --binary {base}",
-                               cwd=task.workdir, timeout=120)
-            patch = job.stdout if job.ok else ""
-        return grade(self.client, task, patch, labels=labels).outcome
-
-
-class BrowserContinuation:
-    """The browser agent continuing the recorded conversation with the model at ``model_url``
-    (an OpenAI base URL ending in /v1), graded in its own sandbox as web rollouts are."""
-
-    def __init__(self, model_url: str, model: str) -> None:
-        self.model_url, self.model = model_url, model
-
-    def __call__(self, task: WebTask, sandbox: Sandbox, history: list[dict[str, Any]],
-                 sample: int, labels: dict[str, str]) -> str:
-        from orchard.rollout.agents.browser_agent import run_browser_agent
-
-        done = sum(1 for m in history if m.get("role") == "assistant")
-        result = run_browser_agent(
-            sandbox, task.goal, task.start_url, self.model_url, self.model,
-            max_steps=max(1, task.budget.steps - done), history=[_clean(m) for m in history],
-            action_timeout=task.budget.action_timeout)
-        return grade_web(sandbox, task, result.answer).outcome
-
-
-class AssistantContinuation:
-    """The assistant loop continuing the recorded conversation with the model at
-    ``model_url``, graded in its own sandbox (where the world is) by the task's checks."""
-
-    def __init__(self, model_url: str, model: str) -> None:
-        self.model_url, self.model = model_url, model
-
-    def __call__(self, task: AssistantTask, sandbox: Sandbox, history: list[dict[str, Any]],
-                 sample: int, labels: dict[str, str]) -> str:
-        from orchard.rollout.agents.assistant_agent import run_assistant
-
-        done = sum(1 for m in history if m.get("role") == "assistant")
-        result = run_assistant(sandbox, task.goal, self.model_url, self.model,
-                               port=SERVICES_PORT, tools=task.tools,
-                               max_steps=max(1, task.budget.steps - done),
-                               history=[_clean(m) for m in history])
-        return grade_assistant(sandbox, task, result.answer).outcome
 
 
 class MonteCarloAnnotator:
@@ -117,7 +50,7 @@ class MonteCarloAnnotator:
     source = "monte_carlo"
 
     def __init__(self, client: SandboxClient,
-                 tasks: Mapping[str, Any] | Sequence[Task | WebTask | AssistantTask],
+                 tasks: Mapping[str, Task] | Sequence[Task],
                  continuation: Continuation, *, k: int = 4, max_points: int = 8,
                  restore: Literal["fork", "replay"] = "fork") -> None:
         if k < 1:
@@ -135,7 +68,7 @@ class MonteCarloAnnotator:
         task = self.tasks.get(traj.instance_id)
         if task is None:
             raise ValueError(f"no task {traj.instance_id!r} among the annotator's tasks")
-        if isinstance(task, WebTask | AssistantTask) and self.restore == "fork":
+        if task.sandbox_spec().served and self.restore == "fork":
             raise ValueError(f"{task.instance_id} is served by processes (sites, a browser, "
                              "services): a fork keeps the files but not them, so annotate it "
                              "with restore='replay'")

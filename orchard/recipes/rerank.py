@@ -37,14 +37,13 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from orchard.eval.harness import AnyTask
 from orchard.eval.results import RolloutResult, read_results
 from orchard.recipes.loop import optimizer_step
 from orchard.recipes.loss import pad_right, shift, token_logprobs
 from orchard.recipes.sft import ChatTemplateError, tokenize_conversation
 from orchard.recipes.trajectories import Trajectory, from_result
 from orchard.rollout.tokenizer import load_tokenizer
-from orchard.tasks.model import Task
+from orchard.tasks.protocol import Task
 
 TextOf = Literal["patch", "trajectory", "both", "observed"]
 PATCH_HEADER = "\n\n## Final patch\n"
@@ -77,7 +76,7 @@ def action_summary(trajectory: Trajectory, *, chars: int = ACTION_CHARS,
     return "\n".join(lines)
 
 
-def candidate_text(task: AnyTask, result: RolloutResult,
+def candidate_text(task: Task, result: RolloutResult,
                    run_dir: str | Path | None = None, *, text_of: TextOf = "patch") -> str:
     """The text the value model scores: problem statement, then (``trajectory``/``both``) the
     actions when the rollout has a readable trace in ``run_dir`` (``observed``: each with the
@@ -88,8 +87,7 @@ def candidate_text(task: AnyTask, result: RolloutResult,
     if result.instance_id != task.instance_id:
         raise ValueError(f"rollout {result.rollout_id} is of task {result.instance_id}, "
                          f"not {task.instance_id}")
-    statement = task.problem_statement if isinstance(task, Task) else task.goal
-    text = f"## Problem\n{statement.strip()}"
+    text = f"## Problem\n{task.prompt.strip()}"
     if text_of != "patch" and result.trace is not None and run_dir is not None:
         try:
             actions = action_summary(
@@ -104,11 +102,11 @@ def candidate_text(task: AnyTask, result: RolloutResult,
     return text
 
 
-def _task_map(tasks: Iterable[AnyTask]) -> dict[str, AnyTask]:
+def _task_map(tasks: Iterable[Task]) -> dict[str, Task]:
     return {t.instance_id: t for t in tasks}
 
 
-def _graded(run_dir: Path, by_id: Mapping[str, AnyTask]) -> list[RolloutResult]:
+def _graded(run_dir: Path, by_id: Mapping[str, Task]) -> list[RolloutResult]:
     """The run's rollouts whose outcome is known: a grading failure says nothing about the
     patch."""
     results = read_results(run_dir)
@@ -124,7 +122,7 @@ def _graded(run_dir: Path, by_id: Mapping[str, AnyTask]) -> list[RolloutResult]:
     return kept
 
 
-def training_examples(run_dirs: Iterable[str | Path], tasks: Iterable[AnyTask],
+def training_examples(run_dirs: Iterable[str | Path], tasks: Iterable[Task],
                       text_of: TextOf = "patch") -> list[tuple[str, bool]]:
     """(text, resolved) for every graded rollout of the runs in ``run_dirs``."""
     by_id = _task_map(tasks)
@@ -356,7 +354,7 @@ def best_of_n(candidates_by_task: Mapping[str, Sequence[RolloutResult]],
     return {"overall": overall, "tasks": tasks}
 
 
-def candidates(run_dir: str | Path, tasks: Iterable[AnyTask]) -> dict[str, list[RolloutResult]]:
+def candidates(run_dir: str | Path, tasks: Iterable[Task]) -> dict[str, list[RolloutResult]]:
     """A run's graded rollouts grouped by task, each group in sample order."""
     groups: dict[str, list[RolloutResult]] = defaultdict(list)
     for r in sorted(_graded(Path(run_dir), _task_map(tasks)), key=lambda r: r.key):
@@ -364,7 +362,7 @@ def candidates(run_dir: str | Path, tasks: Iterable[AnyTask]) -> dict[str, list[
     return dict(groups)
 
 
-def rerank_run(run_dir: str | Path, tasks: Iterable[AnyTask], model: ValueModel, *,
+def rerank_run(run_dir: str | Path, tasks: Iterable[Task], model: ValueModel, *,
                text_of: TextOf = "patch", fixes: set[str] | None = None) -> dict[str, Any]:
     """Best-of-N over a run with several samples per task (its graded rollouts); ``fixes``
     adds the lookup pick (see ``best_of_n``)."""
@@ -405,7 +403,7 @@ def action_likelihood(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
     return (logprobs[targets].sum() / targets.sum()).item()
 
 
-def likelihood_rerank(run_dir: str | Path, tasks: Iterable[AnyTask], model: PreTrainedModel,
+def likelihood_rerank(run_dir: str | Path, tasks: Iterable[Task], model: PreTrainedModel,
                       tokenizer: PreTrainedTokenizerFast, *,
                       fixes: set[str] | None = None) -> dict[str, Any]:
     """Best-of-N over a run by :func:`action_likelihood` under ``model`` (a rollout without a

@@ -17,15 +17,14 @@ One step, top to bottom:
 Steps 1-3 are ``sample_groups``, step 4 is ``policy_update``; the loop around them (sample ->
 update -> sync -> log) is ``loop.train_loop``, the one distillation runs too.
 
-    history = train_rl(model, tasks, client, server, out, RLConfig(steps=4),
-                       render_with=MODEL_DIR, agent_config=config)
+    history = train_rl(model, tasks, client, server, out, RLConfig(steps=4), harness=harness)
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import torch
 
 from orchard.env.client import SandboxClient
 from orchard.eval.evaluate import evaluate
-from orchard.eval.harness import AnyTask, Harness, MiniSweAgentHarness
+from orchard.eval.harness import Harness
 from orchard.eval.results import RolloutResult
 from orchard.eval.runner import RunConfig
 from orchard.recipes.bar import (
@@ -48,9 +47,9 @@ from orchard.recipes.bar import (
 )
 from orchard.recipes.loop import adamw, optimizer_step, train_loop, trainable
 from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, token_logprobs
-from orchard.recipes.policy_server.server import PolicyServer
 from orchard.recipes.policy_server.weight_sync import ServesWeights
 from orchard.rollout.traces.samples import Sample, build_samples
+from orchard.tasks.protocol import Task
 
 # How a harness's exit maps to BAR's statuses. A rollout that failed (environment, model,
 # harness) is aborted, and so is one whose exit this table does not know: a status nobody
@@ -101,7 +100,7 @@ class PolicySampler:
         self.client, self.harness, self.out, self.concurrency = client, harness, out, concurrency
         self.rounds = 0
 
-    def __call__(self, task: AnyTask, k: int) -> list[Rollout]:
+    def __call__(self, task: Task, k: int) -> list[Rollout]:
         self.rounds += 1
         out = self.out / f"round-{self.rounds:04d}"
         results: list[RolloutResult] = []
@@ -237,26 +236,19 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             "optimizer_steps": steps}
 
 
-def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
+def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
              client: SandboxClient, server: ServesWeights, out: Path, config: RLConfig, *,
-             render_with: str | Path, agent_config: Mapping[str, Any] | None = None,
-             harness: Harness | None = None,
+             harness: Harness,
              on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """``config.steps`` BAR RL steps on ``tasks``; ``server`` serves ``model`` and gets its new
     weights after each step (a ``PolicyServer``, or an external engine's ``FolderSync``). The
-    rollouts are mini-swe-agent's on a ``PolicyServer`` unless another ``harness`` (calling
-    the engine) is given, e.g. the browser agent for web tasks. Returns one record per step
-    (also appended to out/rl.jsonl); the loop is ``loop.train_loop``."""
+    rollouts are ``harness``'s, calling the server (e.g. the domain's policy harness:
+    ``MiniSweAgentHarness(server.url, model, render_with=tokenizer_dir)`` for SWE tasks, the
+    browser agent for web tasks). Returns one record per step (also appended to
+    out/rl.jsonl); the loop is ``loop.train_loop``."""
     if not tasks:
         raise ValueError("RL needs at least one task")
-    if harness is None and not isinstance(server, PolicyServer):
-        raise ValueError("with an external engine, give the harness that samples from it "
-                         "(harness=MiniSweAgentHarness(url, model, render_with=...))")
     out.mkdir(parents=True, exist_ok=True)
-    if harness is None:
-        assert isinstance(server, PolicyServer)
-        harness = MiniSweAgentHarness(server.url or "", server.engine.model_name,
-                                      config=agent_config, render_with=render_with)
     rng = random.Random(config.seed)
     pad_id = pad_id_of(model)
     optimizer = adamw(model, config.lr)
@@ -273,7 +265,7 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[AnyTask],
                       log=out / "rl.jsonl", on_step=on_step)
 
 
-def sample_groups(tasks: Sequence[AnyTask], sampler: Callable[[AnyTask, int], list[Rollout]],
+def sample_groups(tasks: Sequence[Task], sampler: Callable[[Task, int], list[Rollout]],
                   rng: random.Random, config: RLConfig
                   ) -> tuple[list[tuple[Sample, Advantage]], dict[str, Any]]:
     """One step's rollouts: BAR groups on prompts drawn from ``tasks`` until
@@ -283,7 +275,7 @@ def sample_groups(tasks: Sequence[AnyTask], sampler: Callable[[AnyTask, int], li
     rewards)."""
     built: list[GroupResult] = []
 
-    def make_group(task: AnyTask) -> list[Rollout]:
+    def make_group(task: Task) -> list[Rollout]:
         result = bar_group(lambda k: sampler(task, k), config.bar)
         built.append(result)
         return result.group

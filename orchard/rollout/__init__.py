@@ -3,10 +3,11 @@
 - ``proxy``: record what a harness's model saw and said, token-exactly.
 - ``traces``: join those calls with what the sandboxes did into one trace per rollout; export,
   replay and branch traces; turn them into token-exact training samples.
-- ``agents``: the agent loops that drive a model against a sandbox.
+- ``agents``: the tool-calling loop the domains' agents share (each domain's own agent loop
+  lives with it, in ``orchard.domains.<name>``).
 
-Heavy parts load on first use (transformers for the tokenizer, litellm for mini-swe-agent,
-datasets for exports), so a proxy imports none of them.
+Heavy parts load on first use (transformers for the tokenizer, datasets for exports), so a
+proxy imports none of them.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ _LAZY.update({name: "orchard.rollout.traces.export" for name in (
     "read_jsonl", "swe_row", "to_dataset", "write_jsonl", "write_parquet", "write_swe_jsonl")})
 _LAZY.update({name: "orchard.rollout.traces.replay" for name in ("ReplayReport", "replay")})
 _LAZY.update({name: "orchard.rollout.traces.branch" for name in ("branch", "restore")})
-_LAZY.update({name: "orchard.rollout.agents.minisweagent" for name in (
-    "OrchardEnvironment", "OrchardEnvironmentConfig", "run_task")})
 
 __all__ = ["BadSession", "Drift", "ModelCall", "ProxySettings", "Sample", "SessionStore",
            "assemble_stream", "build_samples", "create_proxy_app", "token_view", *_LAZY]

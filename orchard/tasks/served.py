@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from orchard.env.client import OrchardError, Sandbox, SandboxClient
+from orchard.tasks.protocol import TaskLoadError
 
 M = TypeVar("M", bound=BaseModel)
 G = TypeVar("G", bound=BaseModel)
@@ -59,8 +60,6 @@ class ServedTaskCheck(BaseModel, Generic[G]):
 def read_task_file(path: Path, model: type[M], what: str) -> list[M]:
     """Every row of a .yaml/.yml, .json or .jsonl file as a ``model``; TaskLoadError says which
     row is wrong and why."""
-    from orchard.tasks.loaders import TaskLoadError
-
     try:
         text = path.read_text()
     except OSError as e:

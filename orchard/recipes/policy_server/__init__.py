@@ -7,7 +7,7 @@ Not to be confused with ``orchard.serving``, the bottom layer's threaded ASGI se
 server (and the recording proxy) run on.
 
     with PolicyServer(model, tokenizer) as server:      # in-process, on a free port
-        train_rl(model, tasks, client, server, out, config, render_with=MODEL_DIR)
+        train_rl(model, tasks, client, server, out, config, harness=harness)
 """
 
 from orchard.recipes.policy_server.batching import Batcher

@@ -8,7 +8,7 @@ folders. Anything with ``update(model) -> version`` can stand where RL and disti
 a server (``train_rl(..., server=FolderSync(...), harness=...)``).
 
     sync = FolderSync("http://sglang:30000", "/shared/weights", kind="sglang", key=KEY)
-    train_rl(model, tasks, client, sync, out, config, render_with=MODEL_DIR, harness=harness)
+    train_rl(model, tasks, client, sync, out, config, harness=harness)
 
 ``key`` is the engine's admin key, sent as ``Authorization: Bearer``: an orchard policy server
 refuses to load weights without its own (``--admin-key``), and SGLang checks its ``--api-key``.

@@ -1,1 +1,2 @@
-"""Agent loops: what drives a model against a sandbox, one loop per kind of agent."""
+"""The tool-calling loop the domains' agents share (``tool_loop``); each domain's own agent loop
+lives with it, in ``orchard.domains.<name>``."""
