@@ -123,11 +123,13 @@ def demo_config(domain: str, *, seed: int = 0, eval_n: int | None = None,
     a name); an option left None keeps the demo's value, or ``pretrained``'s with a model."""
     from dataclasses import replace
 
+    from orchard.domains.registry import demo_names
     from orchard.recipes.bar import BARConfig
     from orchard.recipes.demo import DemoConfig, for_assistant, for_web, pretrained
 
-    if domain not in ("swe", "bugfix", "web", "assistant"):
-        raise typer.BadParameter(f"--domain is swe, bugfix, web or assistant, not {domain!r}")
+    if domain not in demo_names():
+        raise typer.BadParameter(f"--domain is one of {', '.join(demo_names())}, not "
+                                 f"{domain!r}")
     if judge is not None and domain != "assistant":
         raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
                                  "none: add --domain assistant or drop --judge")
