@@ -127,9 +127,10 @@ def demo_config(domain: str, *, seed: int = 0, eval_n: int | None = None,
     from orchard.recipes.bar import BARConfig
     from orchard.recipes.demo import DemoConfig, for_assistant, for_web, pretrained
 
-    if domain not in demo_names():
-        raise typer.BadParameter(f"--domain is one of {', '.join(demo_names())}, not "
-                                 f"{domain!r}")
+    names = demo_names()
+    if domain not in names:
+        choices = f"{', '.join(names[:-1])} or {names[-1]}"
+        raise typer.BadParameter(f"--domain is {choices}, not {domain!r}")
     if judge is not None and domain != "assistant":
         raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
                                  "none: add --domain assistant or drop --judge")
