@@ -92,6 +92,13 @@ class Submission:
     answer: str | None = None
     sandbox: Sandbox | None = None
 
+    def live_sandbox(self, task: Task) -> Sandbox:
+        """The rollout's sandbox, which a task graded in it needs; a ValueError without."""
+        if self.sandbox is None:
+            raise ValueError(f"task {task.instance_id} is graded in the rollout's sandbox: "
+                             "give Submission(sandbox=...) while it lives")
+        return self.sandbox
+
 
 class TaskBudget(Protocol):
     @property

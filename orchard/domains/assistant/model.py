@@ -115,7 +115,4 @@ class AssistantTask(BaseModel):
         """The checks over the rollout's sandbox as it is now, with the assistant's answer."""
         from orchard.domains.assistant.grading import grade_assistant
 
-        if submission.sandbox is None:
-            raise ValueError(f"assistant task {self.instance_id} is graded in the rollout's "
-                             "sandbox: give Submission(sandbox=...) while it lives")
-        return grade_assistant(submission.sandbox, self, submission.answer)
+        return grade_assistant(submission.live_sandbox(self), self, submission.answer)

@@ -117,7 +117,4 @@ class WebTask(BaseModel):
         """The checker over the rollout's sandbox as it is now, with the agent's answer."""
         from orchard.domains.web.grading import grade_web
 
-        if submission.sandbox is None:
-            raise ValueError(f"web task {self.instance_id} is graded in the rollout's sandbox: "
-                             "give Submission(sandbox=...) while it lives")
-        return grade_web(submission.sandbox, self, submission.answer)
+        return grade_web(submission.live_sandbox(self), self, submission.answer)
