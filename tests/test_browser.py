@@ -221,13 +221,13 @@ def test_an_image_without_chromium_gets_the_hosts(client: SandboxClient, tmp_pat
 
 def test_without_any_chromium_the_error_says_what_to_do(monkeypatch: pytest.MonkeyPatch,
                                                         tmp_path: Path) -> None:
-    from orchard.env.agent.server import browser
+    from orchard.env.agent.server import devtools
     from orchard.env.agent.server.common import HTTPError
 
-    monkeypatch.setattr(browser, "INJECTED", str(tmp_path / "absent"))
+    monkeypatch.setattr(devtools, "INJECTED", str(tmp_path / "absent"))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(HTTPError) as caught:
-        browser._chromium()
+        devtools.find_chromium()
     assert caught.value.status == 400 and "install Debian's chromium" in str(caught.value)
 
 

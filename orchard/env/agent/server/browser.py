@@ -14,22 +14,13 @@ title, the open tabs and, when asked, a PNG screenshot with each element's id dr
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
-import shutil
-import subprocess
-import sys
 import threading
 import time
 
 from .common import HTTPError
+from .devtools import VIEWPORT, BrowserGone, DevTools, find_chromium
 
-BUNDLE_PYTHON = "/.orchard/bundle/bin/python3"
-CHROMIUM = ("chromium", "chromium-browser", "google-chrome", "headless_shell")
-# The orchestrator's Chromium, when it carries one in (orchard/env/agent/browser_bundle.py).
-INJECTED = "/.orchard/browser/current"
-VIEWPORT = (1280, 800)
 MAX_TREE_CHARS = 24000
 # Structure a reader does not act on: its children show one level up. A list's bullets and
 # its items' wrappers were a third of a shop page's lines.
@@ -37,7 +28,7 @@ SKIP_ROLES = {"none", "generic", "InlineTextBox", "LineBreak", "RootWebArea", "p
               "Section", "group", "LabelText", "ListMarker", "listitem"}
 # After these, a navigation may begin a moment later: wait that long for one to start.
 MAY_NAVIGATE = {"click", "press", "back"}
-NAVIGATION_GRACE = 0.15
+
 KEYS = {"Enter": 13, "Tab": 9, "Escape": 27, "Backspace": 8, "Delete": 46, "Space": 32,
         "ArrowUp": 38, "ArrowDown": 40, "ArrowLeft": 37, "ArrowRight": 39, "Home": 36,
         "End": 35, "PageUp": 33, "PageDown": 34}
@@ -56,8 +47,6 @@ _MARK = """function(label) {
   d.appendChild(t);
   document.documentElement.appendChild(d);
 }"""
-_ON_3_AND_4 = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); "
-               "os.execv(sys.argv[3], sys.argv[3:])")
 _CLEAR = "function(){ if ('value' in this) { this.value = ''; " \
          "this.dispatchEvent(new Event('input', {bubbles: true})); } }"
 _SELECT = """function(v) {
@@ -78,152 +67,9 @@ class StillLoading(Exception):
     """The page did not finish loading within the action's timeout (an observation too)."""
 
 
-class _DevTools:
-    """One Chromium and its protocol pipe; requests from any thread, events kept per session."""
-
-    def __init__(self, executable, env):
-        to_r, self._to_w = os.pipe()
-        self._from_r, from_w = os.pipe()
-        # Moved above 9 first, so that placing them on 3 and 4 below overwrites neither.
-        to_r, from_w = (_high(fd) for fd in (to_r, from_w))
-        # The browser reads commands on fd 3 and writes answers on fd 4. A few lines of
-        # Python put them there: dash, the usual /bin/sh, cannot name fds above 9.
-        profile = "/tmp/.orchard-browser"
-        self.proc = subprocess.Popen(
-            [_python(), "-I", "-S", "-c", _ON_3_AND_4, str(to_r), str(from_w), executable,
-             "--headless", "--no-sandbox",
-             "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-             "--no-default-browser-check", "--disable-extensions", "--disable-sync",
-             "--disable-background-networking", "--mute-audio", "--hide-scrollbars",
-             f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}", f"--user-data-dir={profile}",
-             "--remote-debugging-pipe", "about:blank"],
-            pass_fds=(to_r, from_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env})
-        os.close(to_r)
-        os.close(from_w)
-        self._next = 0
-        self._lock = threading.Lock()
-        self._answers = {}
-        self._cond = threading.Condition()
-        self.loading = {}  # session -> frames loading
-        self.settled_at = {}
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def _read(self):
-        buf = b""
-        while True:
-            try:
-                data = os.read(self._from_r, 1 << 16)
-            except OSError:
-                data = b""
-            if not data:
-                with self._cond:
-                    self._answers[None] = "closed"
-                    self._cond.notify_all()
-                return
-            buf += data
-            *messages, buf = buf.split(b"\0")
-            for raw in messages:
-                self._dispatch(json.loads(raw))
-
-    def _dispatch(self, msg):
-        with self._cond:
-            if "id" in msg:
-                self._answers[msg["id"]] = msg
-            else:
-                session, method = msg.get("sessionId"), msg.get("method")
-                frames = self.loading.setdefault(session, set())
-                frame = msg.get("params", {}).get("frameId")
-                # A requested navigation counts as loading at once: on a busy machine the
-                # load itself may start well after the click that asked for it returned.
-                if method in ("Page.frameStartedLoading", "Page.frameRequestedNavigation"):
-                    frames.add(frame)
-                elif method in ("Page.frameStoppedLoading", "Page.frameDetached",
-                                "Page.navigatedWithinDocument",
-                                "Page.frameClearedScheduledNavigation"):
-                    frames.discard(frame)
-                    self.settled_at[session] = time.monotonic()
-            self._cond.notify_all()
-
-    def call(self, method, params=None, session=None, timeout=30.0):
-        with self._lock:
-            self._next += 1
-            ident = self._next
-            msg = {"id": ident, "method": method, "params": params or {}}
-            if session:
-                msg["sessionId"] = session
-            os.write(self._to_w, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while ident not in self._answers:
-                left = deadline - time.monotonic()
-                if None in self._answers or left <= 0:
-                    raise HTTPError(504, f"the browser did not answer {method} in {timeout:g}s"
-                                    if left <= 0 else "the browser exited; it restarts on the "
-                                    "next request")
-                self._cond.wait(left)
-            answer = self._answers.pop(ident)
-        if "error" in answer:
-            raise RuntimeError(answer["error"].get("message", str(answer["error"])))
-        return answer.get("result", {})
-
-    def settle(self, session, timeout, since=0.0):
-        """Until no frame of the session is loading and none has for 100 ms (and for the
-        navigation grace since ``since``), or timeout; True if it settled."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                quiet = min(now - self.settled_at.get(session, 0.0),
-                            now - since - NAVIGATION_GRACE + 0.1)
-                if not self.loading.get(session) and quiet >= 0.1:
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.1))
-
-    def close(self):
-        with contextlib.suppress(OSError):
-            os.close(self._to_w)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, 9)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
-
-
-def _chromium():
-    """The injected Chromium and its environment, else one on the image's PATH."""
-    bundle = os.path.realpath(INJECTED)
-    if os.access(os.path.join(bundle, "chromium"), os.X_OK):
-        return os.path.join(bundle, "chromium"), {
-            "FONTCONFIG_FILE": os.path.join(bundle, "fonts.conf")}
-    executable = next((p for p in map(shutil.which, CHROMIUM) if p), None)
-    if executable is None:
-        raise HTTPError(400, "no Chromium in this sandbox: the orchestrator's host has none to "
-                        "carry in (install Debian's chromium package there; `make setup` "
-                        "does) and the image has none on its PATH")
-    return executable, {}
-
-
 def _quote(text):
     # Readable for the model: "café", not "caf\u00e9".
     return json.dumps(text, ensure_ascii=False)
-
-
-def _python():
-    """The agent's interpreter as this process sees it: a forked agent's sys.executable names a
-    host path, gone inside the sandbox, where the bundle's is."""
-    return next((p for p in (sys.executable, BUNDLE_PYTHON) if os.path.exists(p)), sys.executable)
-
-
-def _high(fd):
-    moved = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
-    os.close(fd)
-    return moved
 
 
 class Browser:
@@ -242,8 +88,8 @@ class Browser:
             return
         if self._tools is not None:
             self._tools.close()
-        executable, env = _chromium()
-        self._tools, self._sessions, self._elements = _DevTools(executable, env), {}, {}
+        executable, env = find_chromium()
+        self._tools, self._sessions, self._elements = DevTools(executable, env), {}, {}
         self._opened = {}
         pages = self._pages()
         self._attach(pages[0]["targetId"] if pages else
@@ -263,27 +109,38 @@ class Browser:
 
     def act(self, req):
         """Do one action, then observe; an action's failure is part of the observation."""
-        timeout = float(req.get("timeout") or 30)
         with self.lock:
             self._ensure()
-            error = None
-            action = req.get("action", "observe")
-            navigates = action in MAY_NAVIGATE or action == "type" and req.get("submit")
-            since = time.monotonic() if navigates else 0.0
+            answered = self._tools.answered
             try:
-                self._do(action, req, timeout)
-                if not self._tools.settle(self._session, timeout, since):
-                    raise StillLoading(f"the page was still loading after {timeout:g}s")
-            except StaleElement as e:
-                error = str(e)
-            except StillLoading as e:
-                error = str(e)
-                # Until it is stopped, a hung navigation holds up the observation too.
-                with contextlib.suppress(HTTPError, RuntimeError):
-                    self._page("Page.stopLoading", timeout=5)
-            except RuntimeError as e:  # the protocol refused it, e.g. a bad URL
-                error = f"{req.get('action')} failed: {e}"
-            return self._observe(req, error)
+                return self._act(req)
+            except BrowserGone:
+                if self._tools.answered != answered:
+                    raise  # it died during this request
+            # It died after the last request, and only now do we know: this one starts anew.
+            self._ensure()
+            return self._act(req)
+
+    def _act(self, req):
+        timeout = float(req.get("timeout") or 30)
+        error = None
+        action = req.get("action", "observe")
+        navigates = action in MAY_NAVIGATE or action == "type" and req.get("submit")
+        since = time.monotonic() if navigates else 0.0
+        try:
+            self._do(action, req, timeout)
+            if not self._tools.settle(self._session, timeout, since):
+                raise StillLoading(f"the page was still loading after {timeout:g}s")
+        except StaleElement as e:
+            error = str(e)
+        except StillLoading as e:
+            error = str(e)
+            # Until it is stopped, a hung navigation holds up the observation too.
+            with contextlib.suppress(HTTPError, RuntimeError):
+                self._page("Page.stopLoading", timeout=5)
+        except RuntimeError as e:  # the protocol refused it, e.g. a bad URL
+            error = f"{req.get('action')} failed: {e}"
+        return self._observe(req, error)
 
     def _do(self, action, req, timeout):
         if action == "observe":
