@@ -123,9 +123,9 @@ def demo_config(domain: str, *, seed: int = 0, eval_n: int | None = None,
     a name); an option left None keeps the demo's value, or ``pretrained``'s with a model."""
     from dataclasses import replace
 
-    from orchard.domains.registry import demo_names
+    from orchard.domains.registry import demo_domain, demo_names
     from orchard.recipes.bar import BARConfig
-    from orchard.recipes.demo import DemoConfig, for_assistant, for_web, pretrained
+    from orchard.recipes.demo import DemoConfig, pretrained
 
     names = demo_names()
     if domain not in names:
@@ -134,13 +134,9 @@ def demo_config(domain: str, *, seed: int = 0, eval_n: int | None = None,
     if judge is not None and domain != "assistant":
         raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
                                  "none: add --domain assistant or drop --judge")
-    config = DemoConfig(domain="bugfix" if domain == "bugfix" else "swe", seed=seed,
-                        judge=judge, judge_model=judge_model, device=device,
-                        lora_rank=lora_rank)
-    if domain == "web":
-        config = for_web(config)
-    elif domain == "assistant":
-        config = for_assistant(config)
+    config = demo_domain(domain).configure(DemoConfig(
+        domain=domain, seed=seed, judge=judge, judge_model=judge_model, device=device,
+        lora_rank=lora_rank))
     if model is not None:
         config = pretrained(replace(config, model=model))
     sizes = {"eval_n": eval_n, "n_train": n_train, "n_test": n_test}

@@ -62,11 +62,12 @@ COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 
 @dataclass
 class DemoConfig:
-    domain: Literal["swe", "bugfix", "web", "assistant"] = "swe"
-    """swe: the generated settings family with mini-swe-agent; bugfix: the bug-fix family
-    (fixes read in the sandbox) with mini-swe-agent; web: the bundled web tasks with
-    the browser agent; assistant: the assistant tasks with the tool-calling assistant (see
-    domains.py). Web and assistant Monte-Carlo continuations replay each state."""
+    domain: str = "swe"
+    """The demo adapter's name in ``orchard.domains``' registry. swe: the generated settings
+    family with mini-swe-agent; bugfix: the bug-fix family (fixes read in the sandbox) with
+    mini-swe-agent; web: the bundled web tasks with the browser agent; assistant: the
+    assistant tasks with the tool-calling assistant. Web and assistant Monte-Carlo
+    continuations replay each state. The adapter's ``configure`` sets its measured presets."""
     n_train: int = 128
     n_test: int = 16
     seed: int = 0
@@ -138,22 +139,6 @@ def pretrained(config: DemoConfig) -> DemoConfig:
                    sft=replace(config.sft, lr=2e-4, epochs=1000, max_steps=32, batch_size=4,
                                warmup=4),
                    rl=replace(config.rl, lr=1e-6, steps=1, batch_prompts=2, ppo_epochs=2))
-
-
-def for_assistant(config: DemoConfig) -> DemoConfig:
-    """``config`` on the assistant tasks. As on the web, a continuation must make every
-    remaining gold call, so it continues at 0.85 (see ``for_web``)."""
-    return replace(config, domain="assistant", mc_solve=0.85)
-
-
-def for_web(config: DemoConfig) -> DemoConfig:
-    """``config`` on the web family. Its SFT examples are ~10x the settings family's tokens
-    (a page tree each turn), so 400 steps would take an hour on 2 cores: it takes 120. A web
-    continuation must take every remaining gold step, so at mc_solve 0.5 a state four steps
-    from the goal is worth 6%, which two samples read as 0 (measured: 9 of 10 curves flat):
-    it continues at 0.85."""
-    return replace(config, domain="web", mc_solve=0.85,
-                   sft=replace(config.sft, max_steps=120))
 
 
 def _stage_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:

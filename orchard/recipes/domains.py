@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from orchard.env.client import SandboxClient
 from orchard.eval.harness import Harness
 from orchard.recipes.montecarlo import Continuation
 from orchard.testing.policies import Policy
+
+if TYPE_CHECKING:
+    from orchard.recipes.demo import DemoConfig
 
 NO_RUBRICS = ("a rubric judge scores assistant tasks; the {domain} domain has no rubrics: drop "
               "the judge or use the assistant domain")
@@ -29,6 +32,10 @@ class DemoDomain(Protocol):
     replays: bool
     """Monte-Carlo states must be replayed: a fork keeps files, not the processes (sites,
     browser, services) the domain's state lives in."""
+
+    def configure(self, config: DemoConfig) -> DemoConfig:
+        """``config`` with the settings this domain's demo was measured with."""
+        ...
 
     def tasks(self, n_train: int, n_test: int, seed: int) -> list[Any]: ...
 

@@ -5,6 +5,7 @@ by a rubric judge) and the assistant continuing a recorded rollout."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from orchard.domains.assistant.model import SERVICES_PORT, AssistantTask
 from orchard.domains.assistant.teacher import hedged_assistant_teacher
 from orchard.env.client import Sandbox, SandboxClient
 from orchard.eval.harness import Harness
+from orchard.recipes.demo import DemoConfig
 from orchard.recipes.montecarlo import Continuation, clean_message
 from orchard.testing.policies import Policy
 
@@ -49,6 +51,11 @@ class AssistantFamily:
 
     def __init__(self, judge: RubricJudge | None = None) -> None:
         self.judge = judge
+
+    def configure(self, config: DemoConfig) -> DemoConfig:
+        """As on the web, a continuation must make every remaining gold call, so it continues
+        at 0.85 (see ``WebFamily.configure``)."""
+        return replace(config, mc_solve=0.85)
 
     def tasks(self, n_train: int, n_test: int, seed: int) -> list[Any]:
         return list(load_assistant_tasks())

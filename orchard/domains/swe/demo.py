@@ -17,6 +17,7 @@ from orchard.domains.swe.harness import MiniSweAgentHarness, TeacherHarness
 from orchard.domains.swe.model import SweTask
 from orchard.env.client import Sandbox, SandboxClient
 from orchard.eval.harness import Harness
+from orchard.recipes.demo import DemoConfig
 from orchard.recipes.domains import NO_RUBRICS
 from orchard.recipes.montecarlo import Continuation, clean_message
 from orchard.testing.policies import Policy, Reply, ToolCall
@@ -111,6 +112,9 @@ class SweFamily:
     def __init__(self, agent_config: dict[str, Any],
                  generate: Callable[[int, int, int], list[SweTask]] = settings_family) -> None:
         self.agent_config, self.generate = agent_config, generate
+
+    def configure(self, config: DemoConfig) -> DemoConfig:
+        return config  # the demo's defaults were measured on the SWE families
 
     def tasks(self, n_train: int, n_test: int, seed: int) -> list[Any]:
         return list(self.generate(n_train, n_test, seed))
