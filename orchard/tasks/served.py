@@ -15,13 +15,13 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from orchard.env.client import OrchardError, Sandbox, SandboxClient
-from orchard.tasks.protocol import TaskLoadError
+from orchard.tasks.protocol import Task, TaskLoadError
 
 M = TypeVar("M", bound=BaseModel)
 G = TypeVar("G", bound=BaseModel)
@@ -85,24 +85,24 @@ def wait_serving(sandbox: Sandbox, urls: Sequence[str], timeout: float) -> str |
     return None if waited.ok else (waited.stderr.strip()[-300:] or f"exit {waited.exit_code}")
 
 
-def validate_served(client: SandboxClient, task: Any, *,
+def validate_served(client: SandboxClient, task: Task, *,
                     start: Callable[[Sandbox], str | None],
                     gold: Callable[[Sandbox], str | None],
                     grade: Callable[[Sandbox, str | None], G],
                     environment_errors: tuple[type[Exception], ...],
-                    labels: dict[str, str] | None = None, block_network: bool = True
-                    ) -> ServedTaskCheck[G]:
+                    labels: dict[str, str] | None = None) -> ServedTaskCheck[G]:
     """An empty run and a gold run, each in a fresh sandbox, graded. ``start`` serves the task
     in a sandbox and returns a reason it cannot be validated here (or None); ``gold`` plays
     the gold solution and returns its answer. The grades' fields ``resolved``, ``outcome``
-    and ``reason`` say what is wrong."""
+    and ``reason`` say what is wrong. Each sandbox is the one the task specifies."""
+    spec = task.sandbox_spec()
     started = time.monotonic()
     problems: list[str] = []
     grades: dict[str, G] = {}
     for run in ("empty", "gold"):
         try:
-            with client.create_sandbox(task.image, labels=labels or {},
-                                       block_network=block_network) as sb:
+            with client.create_sandbox(spec.image, labels=labels or {}, env=spec.env,
+                                       block_network=spec.block_network) as sb:
                 refused = start(sb)
                 if refused:
                     problems.append(refused)
