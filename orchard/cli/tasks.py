@@ -23,9 +23,9 @@ tasks_app = typer.Typer(no_args_is_help=True, help="Task sets: list and validate
 app = typer.Typer()
 
 _Tasks = Annotated[str, typer.Argument(
-    help="'bundled', 'humaneval', 'web' (the web tasks), 'web-live', 'assistant' (hand-written "
-         "and generated assistant tasks), or a .json/.jsonl/.parquet file, a saved dataset or "
-         "a task directory.")]
+    help="'bundled', 'humaneval', 'settings' and 'bugfix' (the generated SWE families), 'web' "
+         "(the web tasks), 'web-live', 'assistant' (hand-written and generated assistant "
+         "tasks), or a .json/.jsonl/.parquet file, a saved dataset or a task directory.")]
 _Split = Annotated[str | None, typer.Option(help="Keep only this split (train, test).",
                                             show_default=False)]
 _TaskIds = Annotated[list[str] | None, typer.Option(
