@@ -17,6 +17,7 @@ from orchard.domains import (
     load_tasks,
     make_harness,
     resolve,
+    task_set_names,
 )
 from orchard.domains.assistant import AssistantGrade
 from orchard.domains.swe import SweGrade
@@ -63,7 +64,7 @@ def test_unknown_harness_domain_and_demo_name_the_choices() -> None:
     assert demo_names() == ["swe", "bugfix", "web", "assistant"]
 
 
-@pytest.mark.parametrize("source", ["bundled", "web", "assistant-hand"])
+@pytest.mark.parametrize("source", task_set_names())  # every named set of every domain
 def test_every_domain_s_tasks_satisfy_the_protocol(source: str) -> None:
     d, tasks = load_tasks(source)
     assert tasks and d is resolve(source)

@@ -11,7 +11,7 @@ left in its own sandbox before that sandbox goes (``graded_in_rollout``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -157,4 +157,7 @@ class TaskSource(Protocol):
         """Whether a task file or directory at ``path`` holds this source's tasks."""
         ...
 
-    def load(self, source: str | Path, *, split: str | None = None) -> Sequence[Task]: ...
+    def load(self, source: str | Path, *, split: str | None = None,
+             ids: Iterable[str] | None = None) -> Sequence[Task]:
+        """The tasks of a named set or a path, of ``split`` and ``ids`` when given."""
+        ...
