@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -72,6 +74,13 @@ def run(http: httpx.Client, sid: str, **body: object) -> dict:
     r = http.post(f"/sandboxes/{sid}/exec", json=body)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def dies_with_the_tests() -> None:
+    """A ``preexec_fn`` for servers a test starts: SIGTERM when pytest ends, even killed.
+
+    A killed pytest runs no teardown, and its servers would outlive it otherwise."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import dies_with_the_tests, free_port
 
 _START_TIMEOUT_S = 20.0
 
@@ -55,6 +55,7 @@ def _start(binary: str, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
+            preexec_fn=dies_with_the_tests,
         )
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:

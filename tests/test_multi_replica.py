@@ -29,7 +29,15 @@ import pytest
 import yaml
 
 from orchard.env.state.redis import RedisStore
-from tests.conftest import create_ready, free_port, kube_settings, needs_root, run, wait_until
+from tests.conftest import (
+    create_ready,
+    dies_with_the_tests,
+    free_port,
+    kube_settings,
+    needs_root,
+    run,
+    wait_until,
+)
 from tests.fakekube.cluster import NAMESPACE, FakeCluster
 
 ORCHARD = Path(sys.executable).with_name("orchard")
@@ -62,7 +70,7 @@ class Replica:
                     [str(ORCHARD), "serve", "--config", str(self.config), "--port", str(port),
                      "--state", self.state, "--reconcile-interval", str(RECONCILE_S)],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                    start_new_session=True)
+                    start_new_session=True, preexec_fn=dies_with_the_tests)
             self.url = f"http://127.0.0.1:{port}"
             self.http.base_url = httpx.URL(self.url)
             deadline = time.monotonic() + timeout
