@@ -52,8 +52,9 @@ class RolloutResult(BaseModel):
     resolved: bool = False
     reward: float = -1.0
     grade: SerializeAsAny[Grade] | None = None
-    """The domain's grade as the task made it; read back from a file, a plain ``Grade``
-    whose domain fields (tests, checks, answer) are kept as extra fields."""
+    """The domain's grade as the task made it. Read back from a file, it is the domain's kind
+    again (``Grade`` picks the kind whose fields it has); a kind no loaded domain knows stays
+    a plain ``Grade`` with its fields kept as extras."""
     failure: Failure | None = None
     n_steps: int = 0
     n_tokens: int = 0

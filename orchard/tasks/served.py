@@ -15,7 +15,7 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError
@@ -39,6 +39,10 @@ for url in sys.argv[2:]:
                 sys.exit(f"{url}: {e}")
             time.sleep(0.05)
 """
+
+
+# How a served task (web, assistant) ends. task_error: its checker or services failed.
+ServedOutcome = Literal["resolved", "unresolved", "task_error"]
 
 
 class GoldFailed(RuntimeError):

@@ -8,8 +8,6 @@ a fresh sandbox.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import ConfigDict, Field
 
 from orchard.domains.assistant.checks import CHECKS
@@ -22,15 +20,13 @@ from orchard.domains.assistant.environment import (
 from orchard.domains.assistant.model import AssistantTask
 from orchard.env.client import Sandbox, SandboxClient
 from orchard.tasks.protocol import Grade
-from orchard.tasks.served import GoldFailed, ServedTaskCheck, validate_served
-
-Outcome = Literal["resolved", "unresolved", "task_error"]
+from orchard.tasks.served import GoldFailed, ServedOutcome, ServedTaskCheck, validate_served
 
 
 class AssistantGrade(Grade):
     model_config = ConfigDict(extra="ignore")
 
-    outcome: Outcome = Field(description="task_error: a check or the services failed; the "
+    outcome: ServedOutcome = Field(description="task_error: a check or the services failed; the "
                              "task is broken, the rollout is not to blame.")
     reason: str
     checks: list[tuple[str, bool, str]] = Field(default_factory=list)
@@ -43,7 +39,7 @@ class AssistantGrade(Grade):
 def grade_assistant(sandbox: Sandbox, task: AssistantTask, answer: str | None
                     ) -> AssistantGrade:
     """Judge the sandbox's world as it is now, with the assistant's final answer."""
-    def graded(outcome: Outcome, reason: str,
+    def graded(outcome: ServedOutcome, reason: str,
                results: list[tuple[str, bool, str]] | None = None) -> AssistantGrade:
         return AssistantGrade(instance_id=task.instance_id, resolved=outcome == "resolved",
                               reward=1.0 if outcome == "resolved" else 0.0, outcome=outcome,

@@ -9,7 +9,7 @@ fresh sandbox.
 from __future__ import annotations
 
 import time
-from typing import Literal, cast
+from typing import cast
 
 from pydantic import ConfigDict, Field
 
@@ -19,15 +19,13 @@ from orchard.domains.web.model import GoldStep, WebTask
 from orchard.env.browser_schema import BrowserObservation, BrowserVerb
 from orchard.env.client import Sandbox, SandboxClient
 from orchard.tasks.protocol import Grade
-from orchard.tasks.served import GoldFailed, ServedTaskCheck, validate_served
-
-WebOutcome = Literal["resolved", "unresolved", "task_error"]
+from orchard.tasks.served import GoldFailed, ServedOutcome, ServedTaskCheck, validate_served
 
 
 class WebGrade(Grade):
     model_config = ConfigDict(extra="ignore")
 
-    outcome: WebOutcome = Field(description="task_error: the checker or the sites failed; "
+    outcome: ServedOutcome = Field(description="task_error: the checker or the sites failed; "
                                 "the task is broken, the rollout is not to blame.")
     reason: str
     answer: str | None = None
@@ -35,7 +33,7 @@ class WebGrade(Grade):
 
 def grade_web(sandbox: Sandbox, task: WebTask, answer: str | None) -> WebGrade:
     """Judge the sandbox's sites as they are now, with the agent's final answer."""
-    def graded(outcome: WebOutcome, reason: str) -> WebGrade:
+    def graded(outcome: ServedOutcome, reason: str) -> WebGrade:
         return WebGrade(instance_id=task.instance_id, resolved=outcome == "resolved",
                         reward=1.0 if outcome == "resolved" else 0.0, outcome=outcome,
                         reason=reason, answer=answer)
