@@ -13,6 +13,7 @@ from typing import Any
 
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 SUBMIT_TOOL = "submit"
 """The tool by which an episode of a tools environment hands in its answer and ends."""
@@ -31,13 +32,16 @@ class TaskAction(Action):
 
     @model_validator(mode="after")
     def _one_thing(self) -> TaskAction:
+        # PydanticCustomError, not ValueError: OpenEnv sends a WebSocket client the error list
+        # as JSON, and a ValueError in it would not serialize (the session would end).
         if (self.command is None) == (not self.submit):
-            raise ValueError("an action either runs a command ({'command': 'ls'}) or submits "
-                             "({'submit': true, 'answer': '...'}), exactly one of the two")
+            raise PydanticCustomError("action", "an action either runs a command ({'command': "
+                                      "'ls'}) or submits ({'submit': true, 'answer': '...'}), "
+                                      "exactly one of the two")
         if self.answer is not None and not self.submit:
-            raise ValueError("'answer' goes with 'submit': true")
+            raise PydanticCustomError("action", "'answer' goes with 'submit': true")
         if self.timeout is not None and self.command is None:
-            raise ValueError("'timeout' goes with 'command'")
+            raise PydanticCustomError("action", "'timeout' goes with 'command'")
         return self
 
 
