@@ -33,6 +33,9 @@ def serve_(
         min=1, help="Seconds an episode's sandbox may live at most.")] = 3600,
     command_timeout: Annotated[float, typer.Option(
         min=1, help="Seconds a command may run unless its action says.")] = 120,
+    commands: Annotated[bool, typer.Option(
+        "--commands", help="Shell commands even for tasks that serve tools (the assistant's): "
+        "their services stay reachable inside the sandbox.")] = False,
     record: Annotated[Path | None, typer.Option(
         help="Append every graded episode to this JSONL file.", show_default=False)] = None,
     orchestrator: OrchestratorOption = None,
@@ -48,8 +51,9 @@ def serve_(
         client = stack.enter_context(SandboxClient(url, api_key=api_key))
         served = ServedTasks(tasks, loaded, client, domain.episodes, sandbox_ttl=sandbox_ttl,
                              command_timeout=command_timeout, record=record)
-        kind = "MCP tools" if domain.episodes.mcp is not None else "commands"
+        tools = domain.episodes.mcp is not None and not commands
+        kind = "MCP tools" if tools else "commands"
         stderr.print(f"serving {len(loaded)} {domain.name} tasks of {escape(tasks)} ({kind}) "
                      f"on http://{host}:{port} (sessions on ws://{host}:{port}/ws); "
                      "Ctrl-C stops")
-        serve(served, host=host, port=port, max_sessions=max_sessions)
+        serve(served, host=host, port=port, max_sessions=max_sessions, tools=tools)

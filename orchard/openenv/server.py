@@ -25,9 +25,16 @@ from orchard.openenv.models import TaskAction, TaskObservation
 from orchard.openenv.tools import ToolsEnvironment
 
 
-def create_app(served: ServedTasks, *, max_sessions: int = 8) -> FastAPI:
-    """The app serving ``served``: at most ``max_sessions`` episodes (sandboxes) at once."""
-    if served.hooks.mcp is not None:
+def create_app(served: ServedTasks, *, max_sessions: int = 8,
+               tools: bool | None = None) -> FastAPI:
+    """The app serving ``served``: at most ``max_sessions`` episodes (sandboxes) at once;
+    tool calls (MCP) when ``tools`` (by default: when the domain serves tools), else shell
+    commands."""
+    if tools is None:
+        tools = served.hooks.mcp is not None
+    elif tools and served.hooks.mcp is None:
+        raise ValueError(f"the tasks of {served.name} serve no tools; serve them with commands")
+    if tools:
         app = create_fastapi_app(functools.partial(ToolsEnvironment, served), CallToolAction,
                                  CallToolObservation, max_concurrent_envs=max_sessions)
     else:
@@ -60,7 +67,7 @@ class _QuietClose:
 
 
 def serve(served: ServedTasks, *, host: str = "127.0.0.1", port: int = 8000,
-          max_sessions: int = 8) -> None:
+          max_sessions: int = 8, tools: bool | None = None) -> None:
     """Serve until interrupted; the sessions' sandboxes are deleted as they close."""
-    uvicorn.run(create_app(served, max_sessions=max_sessions), host=host, port=port,
+    uvicorn.run(create_app(served, max_sessions=max_sessions, tools=tools), host=host, port=port,
                 log_level="warning", ws_max_size=16 << 20)
