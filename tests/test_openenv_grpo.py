@@ -16,12 +16,15 @@ from orchard.domains import load_tasks
 from orchard.env.client import SandboxClient
 from orchard.openenv import ServedTasks, create_app
 from orchard.recipes.models import tiny_llama
-from orchard.recipes.openenv_grpo import OrchardRollouts, env_reward, task_dataset
+from orchard.recipes.openenv_grpo import (
+    OrchardRollouts,
+    env_reward,
+    split_completion,
+    task_dataset,
+)
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.serving import ThreadedServer
 from tests.conftest import needs_root, wait_until
-
-pytestmark = needs_root
 
 # Judged on the answer alone, which a random policy gets right about half the time: GRPO then
 # has groups with both outcomes to learn from.
@@ -37,6 +40,13 @@ TASKS_YAML = """\
   checks:
   - {name: answer, args: {contains: "y"}}
 """
+
+
+def test_a_completion_is_commands_then_an_answer() -> None:
+    text = "Let me look.\n```bash\nls -la\n```\nthen\n```sh\ncat a.txt\n```\nIt is 42."
+    assert split_completion(text) == (["ls -la\n", "cat a.txt\n"],
+                                      "Let me look.\n\nthen\n\nIt is 42.")
+    assert split_completion("no commands") == ([], "no commands")
 
 
 @pytest.fixture()
@@ -55,6 +65,7 @@ def server(orchestrator: str, tmp_path: Path) -> Iterator[tuple[str, ServedTasks
             labels={"orchard-openenv": "letters"})), "an episode's sandbox was left behind"
 
 
+@needs_root
 def test_grpo_trains_on_orchard_grades(server: tuple[str, ServedTasks, list], tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from trl import GRPOConfig, GRPOTrainer
