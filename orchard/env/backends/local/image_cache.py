@@ -20,10 +20,10 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from orchard.env.backends.base import ImageUnavailable
+from orchard.env.backends.base import ImageInUse, ImageUnavailable
 from orchard.env.backends.local.image_pull import RemoteImage, Skopeo, failure
 from orchard.env.backends.local.image_refs import ImageRef, is_registry_ref, parse_ref
-from orchard.env.backends.local.images import ImageError, ImageInUse, ImageStore, ResolvedImage
+from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from orchard.env.image_schema import ImageInfo, ImageList, ImagesRemoved
 
 __all__ = ["ImageInUse", "RegistryImages"]
