@@ -3,6 +3,7 @@ prune."""
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from typing import Annotated
 
@@ -39,12 +40,17 @@ def ls(ctx: typer.Context) -> None:
     """List images: names, digest, size on disk, last use, the sandboxes on each."""
     with ctx.obj.client() as client:
         listing = client.list_images()
+    rows = [_row(info) for info in listing.images]
     table = Table(box=None)
-    for column in ("IMAGE", "DIGEST", "SIZE", "LAST USED", "SANDBOXES"):
-        table.add_column(column, overflow="fold")
-    for info in listing.images:
-        table.add_row(*_row(info))
-    Console().print(table)
+    for i, column in enumerate(("IMAGE", "DIGEST", "SIZE", "LAST USED", "SANDBOXES")):
+        # Names and ids are what the other commands take: never cut, however narrow.
+        longest = max((len(row[i]) for row in rows), default=0) if i in (0, 4) else None
+        table.add_column(column, no_wrap=True, min_width=longest)
+    for row in rows:
+        table.add_row(*row)
+    # Piped, rows are as wide as they need to be: a script reads whole names.
+    width = sum(max((len(r[i]) for r in rows), default=9) + 2 for i in range(5))
+    Console(width=None if sys.stdout.isatty() else max(width, 80)).print(table)
     cap = f" of {_size(listing.max_bytes)} (images.max_cache_bytes)" if listing.max_bytes else ""
     stderr.print(f"{len(listing.images)} images, {_size(listing.total_bytes)}{cap}")
 
