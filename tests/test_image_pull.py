@@ -430,3 +430,11 @@ def test_cli_image_commands(orchestrator: str, registry: Registry, fresh: Fresh)
     r = orchard("image", "pull", registry.ref("orchard/nothing-here", "1"))
     assert r.returncode == 1 and "unknown repository" in r.stderr, r.stderr
     assert orchard("image", "prune").returncode == 0
+
+
+def test_allowed_registries(orchestrator: str, data_dir: Path, busybox_image: str) -> None:
+    with dedicated_orchestrator(data_dir, images={"allowed_registries": ["ghcr.io"]}) as url:
+        r = httpx.post(f"{url}/sandboxes", json={"image": busybox_image}, timeout=60)
+        assert r.status_code == 403 and "images.allowed_registries" in r.json()["detail"], r.text
+        r = httpx.post(f"{url}/images/pull", json={"image": "python:3"}, timeout=60)
+        assert r.status_code == 403 and "docker.io" in r.json()["detail"], r.text

@@ -10,10 +10,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # Why an image could not be had; the HTTP status a create answers with for each.
-ImageErrorKind = Literal["invalid_reference", "not_found", "unauthorized", "digest_mismatch",
-                         "no_platform", "registry_unavailable", "disk_full", "bad_image"]
+ImageErrorKind = Literal["invalid_reference", "forbidden", "not_found", "unauthorized",
+                         "digest_mismatch", "no_platform", "registry_unavailable", "disk_full",
+                         "bad_image"]
 IMAGE_ERROR_STATUS: dict[str, int] = {
-    "invalid_reference": 400, "not_found": 404, "unauthorized": 401, "digest_mismatch": 422,
+    "invalid_reference": 400, "forbidden": 403, "not_found": 404, "unauthorized": 401,
+    "digest_mismatch": 422,
     "no_platform": 422, "bad_image": 422, "registry_unavailable": 502, "disk_full": 507}
 
 

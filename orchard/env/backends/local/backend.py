@@ -131,7 +131,7 @@ class LocalBackend:
         images = images or ImagesConfig()
         self.image_cache = RegistryImages(
             self.images, Skopeo(images, docker_config, data_dir / "registry"),
-            images.max_cache_bytes)
+            images.max_cache_bytes, images.allowed_registries)
         # Built on the first browser action (see prepare_browser), seen live by every sandbox.
         browser = cache / "browser"
         browser.mkdir(mode=0o755, parents=True, exist_ok=True)

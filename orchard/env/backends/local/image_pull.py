@@ -40,6 +40,7 @@ _CAUSES: list[tuple[str, tuple[str, ...]]] = [
     ("not_found", ("manifest unknown", "name unknown", "not found", "repository name not")),
 ]
 _HINTS = {
+    "forbidden": "pull from an allowed registry or add it to the setting",
     "disk_full": "free space in the image cache (`orchard image prune`) or set "
                  "images.max_cache_bytes",
     "digest_mismatch": "the registry served content that does not match its digest: it is "
