@@ -21,7 +21,7 @@ from orchard.env.server import EmbeddedOrchestrator
 from orchard.env.state import StateStore, open_store
 from tests.fakekube.cluster import FakeCluster
 
-pytest_plugins = ["tests.redis_server", "tests.leakcheck"]
+pytest_plugins = ["tests.redis_server", "tests.registry", "tests.leakcheck"]
 
 # litellm (under mini-swe-agent and Harbor) fetches its price list from the internet when it is
 # imported. Tests send nothing off the machine, whichever test imports it first.
@@ -45,8 +45,12 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def orchestrator(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of one orchestrator shared by the session (the bundle builds once). Tests
-    make their images in pytest's temp dirs, so those may hold images."""
-    images = {"allowed_paths": [tmp_path_factory.getbasetemp()]}
+    make their images in pytest's temp dirs, so those may hold images, and pull from
+    loopback registries only (tests/registry.py)."""
+    # Registry images only from loopback (the test registries): a name no test meant as one
+    # is refused (403) rather than looked up on Docker Hub.
+    images = {"allowed_paths": [tmp_path_factory.getbasetemp()],
+              "allowed_registries": ["127.0.0.1", "localhost"]}
     with EmbeddedOrchestrator(data_dir=data_dir, reconcile_interval=0.5, images=images) as url:
         yield url
 
