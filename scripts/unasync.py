@@ -1,7 +1,7 @@
 """Write the blocking SDK client from the async one, as httpcore does with unasync.
 
 ``orchard/env/client/async_client.py`` is the source; ``sync_client.py`` is this script's
-output, committed. The rewrite is tokens only: where the twins really differ (sleeping, tasks,
+output, committed (as are ``sync_pty.py`` and the image builder's ``sync_builder.py``). The rewrite is tokens only: where the twins really differ (sleeping, tasks,
 file and terminal I/O) ``async_client.py`` calls a helper of ``_async_io``, and the rewrite
 points it at ``_sync_io``'s helper of the same name.
 
@@ -21,6 +21,7 @@ CLIENT = Path("orchard/env/client")
 TWINS = {
     CLIENT / "async_client.py": CLIENT / "sync_client.py",
     CLIENT / "async_pty.py": CLIENT / "sync_pty.py",
+    Path("orchard/env/build/async_builder.py"): Path("orchard/env/build/sync_builder.py"),
 }
 
 RULES = [
