@@ -28,6 +28,7 @@ from orchard.env.image_schema import names_an_image, normalize_name
     ("FROM a\n\nHEALTHCHECK CMD true\n", "line 3 (HEALTHCHECK CMD true): HEALTHCHECK"),
     ("FROM --platform=linux/arm64 a\n", "line 1 (FROM --platform=linux/arm64 a): FROM flags"),
     ("RUN true\nFROM a\n", "line 1 (RUN true): only ARG may come before FROM"),
+    ("FROM scratch\nCOPY x /x\n", "line 1 (FROM scratch): FROM scratch is not supported"),
     ("FROM a\nFROBNICATE x\n", "line 2 (FROBNICATE x): unknown instruction"),
     ("# just a comment\n", "no FROM instruction"),
 ])
