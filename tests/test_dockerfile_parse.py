@@ -18,7 +18,7 @@ from orchard.env.build.dockerfile import (
     substitute,
     words,
 )
-from orchard.env.image_schema import names_an_image, normalize_name
+from orchard.env.build_schema import names_an_image, normalize_name
 
 
 @pytest.mark.parametrize(("text", "needle"), [

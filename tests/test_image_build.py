@@ -26,8 +26,8 @@ from orchard.env.build import (
     prune_build_cache,
     remove_built_image,
 )
+from orchard.env.build_schema import BUILD_LABEL
 from orchard.env.client import SandboxClient
-from orchard.env.image_schema import BUILD_LABEL
 from tests.conftest import needs_root
 from tests.image_fixtures import make_busybox_rootfs
 

@@ -43,16 +43,16 @@ from orchard.env.build.dockerfile import (
     words,
 )
 from orchard.env.build.results import BuiltImage, StepFailed, StepReport
-from orchard.env.client import Sandbox, SandboxClient, OrchardError
-from orchard.env.image_schema import (
+from orchard.env.build_schema import (
     BUILD_LABEL,
     STEP_LABEL,
     TAG_PREFIX,
-    ImageConfig,
     names_an_image,
     normalize_name,
     tag_label,
 )
+from orchard.env.client import Sandbox, SandboxClient, OrchardError
+from orchard.env.image_schema import ImageConfig
 from orchard.env.schema import SnapshotInfo
 
 DEFAULT_SHELL = ["/bin/sh", "-c"]

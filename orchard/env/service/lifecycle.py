@@ -24,10 +24,11 @@ from orchard.env.backends.base import (
     SpecForbidden,
     SpecRejected,
 )
+from orchard.env.build_schema import names_an_image
 from orchard.env.config import Settings
 from orchard.env.errors import BadRequest, Conflict, Forbidden, NotFound, Overloaded, WaitTimedOut
 from orchard.env.events import EventLog
-from orchard.env.image_schema import ImageConfig, names_an_image
+from orchard.env.image_schema import ImageConfig
 from orchard.env.metrics import Metrics
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.schema import (

@@ -13,10 +13,11 @@ import time
 import uuid
 
 from orchard.env.backends.base import Backend, BackendError, SnapshotTooLarge
+from orchard.env.build_schema import tag_label
 from orchard.env.config import Settings
 from orchard.env.errors import BadRequest, Conflict, NotFound, TooLarge
 from orchard.env.events import EventLog
-from orchard.env.image_schema import ImageConfig, tag_label
+from orchard.env.image_schema import ImageConfig
 from orchard.env.schema import (
     CreateSandboxRequest,
     EventKind,
