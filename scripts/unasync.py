@@ -1,9 +1,10 @@
 """Write the blocking SDK client from the async one, as httpcore does with unasync.
 
 ``orchard/env/client/async_client.py`` is the source; ``sync_client.py`` is this script's
-output, committed. The rewrite is tokens only: where the twins really differ (sleeping, tasks,
-file and terminal I/O) ``async_client.py`` calls a helper of ``_async_io``, and the rewrite
-points it at ``_sync_io``'s helper of the same name.
+output, committed (as are ``sync_pty.py`` and the image builder's ``sync_builder.py``). The
+rewrite is tokens only: where the twins really differ (sleeping, tasks, file and terminal I/O)
+``async_client.py`` calls a helper of ``_async_io``, and the rewrite points it at
+``_sync_io``'s helper of the same name.
 
     python scripts/unasync.py          # rewrite sync_client.py
     python scripts/unasync.py --check  # exit 1 if sync_client.py is stale (tests run this)
@@ -21,6 +22,7 @@ CLIENT = Path("orchard/env/client")
 TWINS = {
     CLIENT / "async_client.py": CLIENT / "sync_client.py",
     CLIENT / "async_pty.py": CLIENT / "sync_pty.py",
+    Path("orchard/env/build/async_builder.py"): Path("orchard/env/build/sync_builder.py"),
 }
 
 RULES = [

@@ -1,5 +1,5 @@
-"""``orchard image ...``: the orchestrator's image cache (local backend): list, pull, remove,
-prune."""
+"""``orchard image ...``: the orchestrator's images: list, pull, remove and prune the cache (local
+backend), and build from a Dockerfile (either backend)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchard.cli import image_build
 from orchard.cli._common import friendly_errors, stderr
 from orchard.env.image_schema import ImageInfo, ImagesRemoved
 
-app = typer.Typer(no_args_is_help=True, help="List, pull and remove the server's images.")
+app = typer.Typer(no_args_is_help=True,
+                  help="List, pull, build and remove the server's images.")
+app.command("build")(image_build.build)
 
 
 def _size(n: int) -> str:

@@ -103,6 +103,10 @@ class CreateSandboxRequest(_Strict):
         description="Seconds the sandbox lives (default: the server's default_ttl, 2 h).")
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
     env: dict[str, str] = Field(default_factory=dict, description="Default env for every exec.")
+    workdir: str | None = Field(
+        None, max_length=4096, pattern=r"^/",
+        description="Default working directory of every exec (default: a built image's "
+        "WORKDIR, else /workspace where it exists, else /).")
     exclusive_exec: bool = Field(
         False, description="Run this sandbox's execs one at a time, across all orchestrator "
         "replicas (later ones queue, up to their own timeout).")
@@ -168,6 +172,7 @@ class SandboxInfo(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Default env of its execs "
                                 "(as asked for; forks inherit it).")
     from_snapshot: str | None = Field(None, description="The snapshot it started from.")
+    workdir: str | None = Field(None, description="Default working directory of its execs.")
     paused_at: datetime | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
@@ -457,6 +462,22 @@ class SnapshotRequest(_Strict):
     ttl: float | None = Field(
         None, gt=0, le=30 * 24 * 3600,
         description="Seconds the snapshot is kept (default: the server's snapshot_ttl, 24 h).")
+    keep: bool = Field(
+        False, description="Keep it until it is deleted (no expiry; 'ttl' must be left out). "
+        "Built images and their cached steps are kept so.")
+
+    @model_validator(mode="after")
+    def _keep_or_ttl(self) -> SnapshotRequest:
+        if self.keep and self.ttl is not None:
+            raise ValueError("a snapshot is either kept until deleted (keep) or for a ttl: "
+                             "give one of them")
+        return self
+
+
+class SnapshotUpdate(_Strict):
+    labels: dict[str, str | None] = Field(
+        default_factory=dict, max_length=64,
+        description="Labels to set; a null value removes that label.")
 
 
 class SnapshotInfo(BaseModel):

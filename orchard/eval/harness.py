@@ -24,6 +24,7 @@ from typing import Any, Protocol, Self
 from pydantic import BaseModel, SerializeAsAny
 
 from orchard.env.client import Sandbox, SandboxClient
+from orchard.tasks.images import sandbox_image
 from orchard.tasks.protocol import Grade, Task
 
 # The keys of HarnessResult.detail under which a harness hands over the rubric judge's
@@ -126,9 +127,9 @@ class RolloutContext:
         spec = self.task.sandbox_spec()
         with self.timed():
             sandbox = self.client.create_sandbox(
-                spec.image, block_network=spec.block_network, cpu=self.cpu, memory=self.memory,
-                ttl=self.sandbox_timeout, labels=self.labels, env=spec.env,
-                session=self.rollout_id, model_proxy=model_proxy)
+                sandbox_image(self.client, spec.image), block_network=spec.block_network,
+                cpu=self.cpu, memory=self.memory, ttl=self.sandbox_timeout, labels=self.labels,
+                env=spec.env, session=self.rollout_id, model_proxy=model_proxy)
         try:
             with self.timed():
                 self.heartbeats.add(sandbox)

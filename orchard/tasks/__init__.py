@@ -7,6 +7,7 @@ from orchard.extras import require
 # Before any third-party import: a missing one is then a one-line error naming its extra.
 require("tasks")
 
+from orchard.tasks.images import ImageBuild, TaskImage, sandbox_image
 from orchard.tasks.protocol import (
     INSTANCE_ID_PATTERN,
     SUBMIT_COMMAND,
@@ -33,6 +34,9 @@ __all__ = [
     "SUBMIT_COMMAND",
     "SUBMIT_MARKER",
     "GoldFailed",
+    "ImageBuild",
+    "TaskImage",
+    "sandbox_image",
     "Grade",
     "SandboxSpec",
     "ServedTaskCheck",

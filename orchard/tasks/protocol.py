@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from orchard.env.client import Sandbox, SandboxClient
+from orchard.tasks.images import TaskImage
 
 # Also a valid recording-proxy session id once a run id and sample index are added.
 INSTANCE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
@@ -75,7 +76,8 @@ class Grade(BaseModel):
 class SandboxSpec:
     """The sandbox a rollout of a task runs in."""
 
-    image: str = "host"
+    image: TaskImage = "host"
+    """An image name or path, or a Dockerfile build (``sandbox_image`` makes it a name)."""
     block_network: bool = True
     env: dict[str, str] | None = None
     served: bool = False

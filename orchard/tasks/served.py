@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from orchard.env.client import OrchardError, Sandbox, SandboxClient
+from orchard.tasks.images import sandbox_image
 from orchard.tasks.protocol import Task, TaskLoadError
 
 M = TypeVar("M", bound=BaseModel)
@@ -105,7 +106,8 @@ def validate_served(client: SandboxClient, task: Task, *,
     grades: dict[str, G] = {}
     for run in ("empty", "gold"):
         try:
-            with client.create_sandbox(spec.image, labels=labels or {}, env=spec.env,
+            with client.create_sandbox(sandbox_image(client, spec.image), labels=labels or {},
+                                       env=spec.env,
                                        block_network=spec.block_network) as sb:
                 refused = start(sb)
                 if refused:

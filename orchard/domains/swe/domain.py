@@ -61,7 +61,7 @@ def _validate(client: SandboxClient, tasks: Sequence[Any], concurrency: int,
 
 def _row(t: SweTask) -> tuple[str, ...]:
     return (t.instance_id, t.split or "", str(t.metadata.get("bug_kind", "")),
-            str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)), t.image)
+            str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)), str(t.image))
 
 
 def _settings_demo(agent_config: dict[str, Any]) -> Any:

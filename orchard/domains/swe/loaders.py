@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from orchard.domains.swe.bundled_data import bundled_dir
 from orchard.domains.swe.model import RepoSource, SweTask
+from orchard.tasks.images import ImageBuild
 from orchard.tasks.protocol import TaskLoadError
 
 NAMED_SETS = ("bundled", "humaneval", "settings", "bugfix")
@@ -145,7 +146,9 @@ def task_rows(rows: Iterable[Mapping[str, Any]], base: Path, where: str) -> list
         except ValidationError as e:
             raise TaskLoadError(f"{where}: row {n} ({row.get('instance_id', '?')}) is not a "
                                 f"valid task:\n{_explain(e)}") from e
-        tasks.append(task.model_copy(update={"source": task.source.resolved(base)}))
+        image = task.image.resolved(base) if isinstance(task.image, ImageBuild) else task.image
+        tasks.append(task.model_copy(update={"source": task.source.resolved(base),
+                                             "image": image}))
     return tasks
 
 

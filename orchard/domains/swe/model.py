@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from orchard.tasks.images import TaskImage
 from orchard.tasks.protocol import INSTANCE_ID_PATTERN, SandboxSpec, Submission
 
 if TYPE_CHECKING:
@@ -95,7 +96,8 @@ class SweTask(BaseModel):
     hints_text: str = ""
     created_at: str = ""
 
-    image: str = Field("host", description="Any image the backend accepts.")
+    image: TaskImage = Field("host", description="Any image the backend accepts, or "
+                             "{build: DIR} to build one from DIR's Dockerfile.")
     source: RepoSource = Field(default_factory=RepoSource)
     workdir: str = "/workspace"
     pre_commands: list[str] = Field(default_factory=list,

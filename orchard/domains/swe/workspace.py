@@ -18,6 +18,7 @@ from pathlib import Path
 
 from orchard.domains.swe.model import SweTask
 from orchard.env.client import Sandbox, SandboxClient
+from orchard.tasks.images import sandbox_image
 from orchard.tasks.protocol import TaskSetupError
 
 UPLOAD_PATH = "/tmp/.orchard-task-repo"
@@ -43,9 +44,9 @@ def open_task_sandbox(client: SandboxClient, task: SweTask, *, labels: dict[str,
     """A sandbox from the task's image, network blocked, not yet prepared."""
     spec = task.sandbox_spec()
     return client.create_sandbox(
-        spec.image, block_network=spec.block_network, cpu=cpu, memory=memory, ttl=ttl,
-        labels=labels, env=spec.env, session=session, model_proxy=model_proxy,
-        timeout=startup_timeout)
+        sandbox_image(client, spec.image), block_network=spec.block_network, cpu=cpu,
+        memory=memory, ttl=ttl, labels=labels, env=spec.env, session=session,
+        model_proxy=model_proxy, timeout=startup_timeout)
 
 
 def repo_archive(task: SweTask) -> bytes | Path | None:

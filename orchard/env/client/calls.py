@@ -253,6 +253,13 @@ class API:
         return Call("GET", "/snapshots", _model(schema.SnapshotList), params=params)
 
     @staticmethod
+    def update_snapshot(snapshot_id: str, request: schema.SnapshotUpdate
+                        ) -> Call[schema.SnapshotInfo]:
+        # Setting labels twice sets them once.
+        return Call("PATCH", f"/snapshots/{_seg(snapshot_id)}", _model(schema.SnapshotInfo),
+                    json=_body(request), retry=Retry.IDEMPOTENT)
+
+    @staticmethod
     def delete_snapshot(snapshot_id: str) -> Call[schema.SnapshotDeleted]:
         return Call("DELETE", f"/snapshots/{_seg(snapshot_id)}", _model(schema.SnapshotDeleted))
 

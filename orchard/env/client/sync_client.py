@@ -134,6 +134,7 @@ class SandboxClient(BaseClient):
         session: str | None = None,
         model_proxy: bool = False,
         from_snapshot: str | None = None,
+        workdir: str | None = None,
         wait: bool = True,
     ) -> Sandbox:
         """Create a sandbox and, unless ``wait=False``, wait until it can run commands.
@@ -141,14 +142,16 @@ class SandboxClient(BaseClient):
         ``timeout``: seconds it may take to become ready (the server fails it after that;
         default 120 s of waiting here and the server's pending_timeout there). ``ttl``:
         seconds it lives (default: the server's, 2 h). ``image``: "host" unless given, or
-        the snapshot's with ``from_snapshot`` (which starts it from that snapshot's files).
+        the snapshot's with ``from_snapshot`` (which starts it from that snapshot's files);
+        a name that ``orchard image build`` tagged is that build's files, env and workdir.
+        ``workdir``: where execs run unless they say (default: the image's, else /workspace).
         """
         request = self.create_request(
             image, sandbox_id, block_network=block_network,
             egress=None if egress is None else list(egress), cpu=cpu, memory=memory,
             pids=pids, disk=disk, ttl=ttl, timeout=timeout, labels=dict(labels or {}),
             env=dict(env or {}), session=session, model_proxy=model_proxy,
-            from_snapshot=from_snapshot,
+            from_snapshot=from_snapshot, workdir=workdir,
         )  # fmt: skip
         sandbox = Sandbox(self, self._call(API.create_sandbox(request)))
         self._remember(sandbox.id)
@@ -212,6 +215,13 @@ class SandboxClient(BaseClient):
         self, labels: Mapping[str, str] | None = None
     ) -> list[schema.SnapshotInfo]:
         return (self._call(API.list_snapshots(labels))).snapshots
+
+    def update_snapshot(
+        self, snapshot_id: str, *, labels: Mapping[str, str | None]
+    ) -> schema.SnapshotInfo:
+        """Set labels of a snapshot; a ``None`` value removes that label."""
+        request = schema.SnapshotUpdate(labels=dict(labels))
+        return self._call(API.update_snapshot(snapshot_id, request))
 
     def delete_snapshot(self, snapshot_id: str) -> schema.SnapshotDeleted:
         """Its files stay while sandboxes started from it live."""
@@ -291,10 +301,12 @@ class Sandbox(SandboxBase):
         *,
         labels: Mapping[str, str] | None = None,
         ttl: float | None = None,
+        keep: bool = False,
     ) -> schema.SnapshotInfo:
-        """Keep its files (not its processes) as a snapshot to create sandboxes from."""
+        """Keep its files (not its processes) as a snapshot to create sandboxes from: for
+        ``ttl`` seconds (default: the server's snapshot_ttl), or until deleted with ``keep``."""
         request = schema.SnapshotRequest(snapshot_id=snapshot_id, labels=dict(labels or {}),
-                                         ttl=ttl)
+                                         ttl=ttl, keep=keep)
         return self._client._call(API.snapshot(self.id, request))
 
     def fork(

@@ -16,6 +16,7 @@ from orchard.env.schema import (
     SnapshotInfo,
     SnapshotList,
     SnapshotRequest,
+    SnapshotUpdate,
 )
 from orchard.env.service import SandboxService
 
@@ -39,6 +40,11 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
     @api.get("/snapshots/{snapshot_id}", response_model=SnapshotInfo)
     async def get_snapshot(snapshot_id: str) -> SnapshotInfo:
         return await service.snapshots.get_snapshot(snapshot_id)
+
+    @api.patch("/snapshots/{snapshot_id}", response_model=SnapshotInfo)
+    async def update_snapshot(snapshot_id: str, req: SnapshotUpdate) -> SnapshotInfo:
+        """Set labels (a null value removes one). A build tags the snapshot it ended on so."""
+        return await service.snapshots.update_snapshot(snapshot_id, req)
 
     @api.delete("/snapshots/{snapshot_id}", response_model=SnapshotDeleted)
     async def delete_snapshot(snapshot_id: str) -> SnapshotDeleted:

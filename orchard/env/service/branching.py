@@ -56,6 +56,7 @@ class Branching:
         base = CreateSandboxRequest(
             image=rec.image, block_network=rec.block_network, egress=rec.egress, cpu=rec.cpu,
             memory=rec.memory, pids=rec.pids, disk=rec.disk, env=rec.env, ttl=req.ttl,
+            workdir=rec.workdir,
             labels={**rec.labels, **req.labels, FORK_LABEL: sid},
             exclusive_exec=rec.exclusive_exec, from_snapshot=snap.snapshot_id)
         forks = [await self.lifecycle.create(base, queued=True) for _ in range(req.count)]

@@ -9,6 +9,7 @@ import base64
 import contextlib
 import json
 import logging
+import posixpath
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -73,11 +74,14 @@ class ExecJobs:
             log.warning("exec lock of %s expired while an exec held it", rec.sandbox_id)
 
     @staticmethod
-    def _agent_request(req: ExecRequest) -> dict[str, Any]:
+    def _agent_request(req: ExecRequest, rec: SandboxInfo) -> dict[str, Any]:
         stdin = req.stdin_bytes()
+        # The sandbox's workdir (a built image's WORKDIR) is where a relative cwd starts.
+        cwd = (posixpath.normpath(posixpath.join(rec.workdir, req.cwd or "."))
+               if rec.workdir else req.cwd)
         return {
             "command": req.command, "argv": req.argv, "login_shell": req.login_shell,
-            "cwd": req.cwd, "env": req.env, "timeout": req.timeout_seconds,
+            "cwd": cwd, "env": req.env, "timeout": req.timeout_seconds,
             "max_output_bytes": req.max_output_bytes,
             "stdin_b64": None if stdin is None else base64.b64encode(stdin).decode(),
         }
@@ -112,7 +116,7 @@ class ExecJobs:
         t0, started = time.perf_counter(), time.time()
         try:
             async with self._exclusive(rec, self._lock_wait(req)) as fence:
-                result = await agent.exec(self._agent_request(req), fence)
+                result = await agent.exec(self._agent_request(req, rec), fence)
         except AgentError as e:
             job.status, job.error, job.completed_at = JobStatus.failed, e.detail, utc_time()
             self.metrics.execs.labels("error").inc()
@@ -129,7 +133,7 @@ class ExecJobs:
         rec, agent = await self.sandboxes.running(sid)
         if req.background:
             try:
-                info = await agent.start_process(self._agent_request(req))
+                info = await agent.start_process(self._agent_request(req, rec))
             except AgentError as e:
                 raise from_agent(e, sid) from None
             await self.events.record(
@@ -179,7 +183,7 @@ class ExecJobs:
             started, recorded = time.time(), False
             try:
                 async with self._exclusive(rec, self._lock_wait(req)) as fence:
-                    async for event in agent.exec_stream(self._agent_request(req), fence):
+                    async for event in agent.exec_stream(self._agent_request(req, rec), fence):
                         if event["type"] == "exit":
                             self._finish(job, event["result"])
                             await self.store.put_job(job)

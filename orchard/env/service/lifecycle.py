@@ -26,6 +26,7 @@ from orchard.env.backends.base import (
     SpecForbidden,
     SpecRejected,
 )
+from orchard.env.build_schema import names_an_image
 from orchard.env.config import Settings
 from orchard.env.errors import (
     BadRequest,
@@ -36,6 +37,7 @@ from orchard.env.errors import (
     WaitTimedOut,
 )
 from orchard.env.events import EventLog
+from orchard.env.image_schema import ImageConfig
 from orchard.env.metrics import Metrics
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.schema import (
@@ -62,6 +64,8 @@ class SnapshotSource(Protocol):
     """Where a create from a snapshot finds it (the snapshots part)."""
 
     async def snapshot_to_start(self, req: CreateSandboxRequest) -> SnapshotInfo: ...
+
+    async def built_image(self, name: str) -> tuple[SnapshotInfo, ImageConfig] | None: ...
 
 
 class Lifecycle:
@@ -111,16 +115,23 @@ class Lifecycle:
         of being turned away when max_concurrent_creates are in flight."""
         sid = req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}"
         image = req.image or "host"
-        if req.from_snapshot is not None:
+        from_snapshot, env, workdir = req.from_snapshot, req.env, req.workdir
+        if from_snapshot is not None:
             image = (await self.snapshots.snapshot_to_start(req)).image
-        env, model_base_url = req.env, None
+        elif names_an_image(image) and (built := await self.snapshots.built_image(image)):
+            # A name a Dockerfile build tagged: its last step's files over its base image,
+            # with the ENV and WORKDIR it recorded (what the request gives wins).
+            snap, config = built
+            from_snapshot, image = snap.snapshot_id, snap.image
+            env, workdir = {**config.env, **req.env}, workdir or config.workdir
+        asked_env, model_base_url = env, None
         if req.model_proxy:
             model_base_url = self._model_base_url(req.session or "")
-            env = {**model_env(model_base_url, req.session or ""), **req.env}
+            env = {**model_env(model_base_url, req.session or ""), **env}
         spec = SandboxSpec(sandbox_id=sid, image=image, block_network=req.block_network,
                            cpu=req.cpu, memory=req.memory, pids=req.pids, disk=req.disk,
                            env=env, labels=req.labels, model_proxy=req.model_proxy,
-                           session=req.session, egress=req.egress, snapshot=req.from_snapshot)
+                           session=req.session, egress=req.egress, snapshot=from_snapshot)
         try:
             self.backend.check(spec)
             cpu = parse_cpu(req.cpu) if req.cpu is not None else None
@@ -147,7 +158,7 @@ class Lifecycle:
         rec = SandboxInfo(
             sandbox_id=sid, status=SandboxStatus.pending, image=image,
             block_network=req.block_network, cpu=req.cpu, memory=req.memory, pids=req.pids,
-            disk=req.disk, env=req.env, from_snapshot=req.from_snapshot,
+            disk=req.disk, env=asked_env, from_snapshot=from_snapshot, workdir=workdir,
             labels=req.labels, created_at=utc_time(now),
             ready_deadline=utc_time(now + (req.timeout or self.settings.pending_timeout)),
             expires_at=utc_time(now + (req.ttl or self.settings.default_ttl)),
@@ -161,7 +172,7 @@ class Lifecycle:
                                  memory=req.memory, pids=req.pids, disk=req.disk, env=req.env,
                                  model_proxy=req.model_proxy, timeout=req.timeout,
                                  ttl=req.ttl, egress=req.egress,
-                                 from_snapshot=req.from_snapshot)
+                                 from_snapshot=from_snapshot, workdir=workdir)
         self.creates_in_flight += 1
         self._launches[sid] = asyncio.create_task(self._launch(spec))
         return rec

@@ -114,8 +114,9 @@ class SandboxOps:
 
     async def open_pty(self, sid: str, argv: list[str], cols: int, rows: int,
                        env: dict[str, str] | None = None, cwd: str | None = None) -> PtyChannel:
-        agent = await self.agent(sid)
-        return await self._call(sid, agent.open_pty(argv, cols, rows, env=env or {}, cwd=cwd))
+        rec, agent = await self.sandboxes.running(sid)
+        return await self._call(sid, agent.open_pty(argv, cols, rows, env=env or {},
+                                                    cwd=cwd or rec.workdir))
 
     # --- background processes ----------------------------------------------------------------
 

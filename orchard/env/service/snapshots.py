@@ -13,9 +13,11 @@ import time
 import uuid
 
 from orchard.env.backends.base import Backend, BackendError, SnapshotTooLarge
+from orchard.env.build_schema import tag_label
 from orchard.env.config import Settings
-from orchard.env.errors import Conflict, NotFound, TooLarge
+from orchard.env.errors import BadRequest, Conflict, NotFound, TooLarge
 from orchard.env.events import EventLog
+from orchard.env.image_schema import ImageConfig
 from orchard.env.schema import (
     CreateSandboxRequest,
     EventKind,
@@ -23,6 +25,7 @@ from orchard.env.schema import (
     SnapshotInfo,
     SnapshotRequest,
     SnapshotStatus,
+    SnapshotUpdate,
 )
 from orchard.env.service.reconciler import PartialPass, listed
 from orchard.env.service.records import SandboxRecords, utc_time
@@ -50,10 +53,11 @@ class Snapshots:
                            "sandbox can be snapshotted")
         snap_id = req.snapshot_id or f"snap-{uuid.uuid4().hex[:12]}"
         now = time.time()
+        expires = None if req.keep else utc_time(now + (req.ttl or self.settings.snapshot_ttl))
         info = SnapshotInfo(
             snapshot_id=snap_id, sandbox_id=sid, image=rec.image,
             status=SnapshotStatus.pending, size_bytes=0, created_at=utc_time(now),
-            expires_at=utc_time(now + (req.ttl or self.settings.snapshot_ttl)), labels=req.labels,
+            expires_at=expires, labels=req.labels,
             parent=rec.from_snapshot, backend=self.backend.name)
         async with self.store.lock(f"snapshot:{snap_id}", ttl=15, timeout=30):
             if await self.store.get_snapshot(snap_id) is not None:
@@ -89,6 +93,35 @@ class Snapshots:
         want = (labels or {}).items()
         return [s for s in await self.store.list_snapshots()
                 if s.status == SnapshotStatus.ready and want <= s.labels.items()]
+
+    async def update_snapshot(self, snap_id: str, req: SnapshotUpdate) -> SnapshotInfo:
+        """Set or remove labels of a snapshot (a build tags the snapshot it ended on)."""
+        async with self.store.lock(f"snapshot:{snap_id}", ttl=15, timeout=30):
+            info = await self.get_snapshot(snap_id)
+            for key, value in req.labels.items():
+                if value is None:
+                    info.labels.pop(key, None)
+                else:
+                    info.labels[key] = value
+            if len(info.labels) > 64:
+                raise BadRequest(f"snapshot {snap_id} would carry {len(info.labels)} labels; "
+                                 "the most is 64: remove some")
+            await self.store.put_snapshot(info)
+        return info
+
+    async def built_image(self, name: str) -> tuple[SnapshotInfo, ImageConfig] | None:
+        """The ready snapshot a build tagged ``name`` (the newest, if two builds raced), and
+        the image config of that tag; None when no build made that name."""
+        key = tag_label(name)
+        tagged = [s for s in await self.list_snapshots() if key in s.labels]
+        if not tagged:
+            return None
+        newest = max(tagged, key=lambda s: s.created_at)
+        try:
+            return newest, ImageConfig.model_validate_json(newest.labels[key])
+        except ValueError:
+            raise Conflict(f"snapshot {newest.snapshot_id} carries the image {name!r} with an "
+                           f"unreadable config; rebuild the image") from None
 
     async def delete_snapshot(self, snap_id: str) -> bool:
         """Forget a snapshot; its files go once no sandbox uses them. False: none by that id."""
