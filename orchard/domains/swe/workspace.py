@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard.domains.swe.model import SweTask
-from orchard.env.client import Sandbox, SandboxClient
+from orchard.env.client import (
+    AuthenticationError,
+    InvalidRequest,
+    NotFoundError,
+    Sandbox,
+    SandboxClient,
+)
 from orchard.tasks.protocol import TaskSetupError
 
 UPLOAD_PATH = "/tmp/.orchard-task-repo"
@@ -40,12 +46,18 @@ def open_task_sandbox(client: SandboxClient, task: SweTask, *, labels: dict[str,
                       session: str | None = None, ttl: float | None = None,
                       cpu: str | None = None, memory: str | None = None,
                       model_proxy: bool = False, startup_timeout: float = 120.0) -> Sandbox:
-    """A sandbox from the task's image, network blocked, not yet prepared."""
+    """A sandbox from the task's image, network blocked, not yet prepared. An image the
+    orchestrator refuses for good (unknown, forbidden, unusable) is a TaskSetupError naming the
+    task and the image; a failure that may pass (registry down, disk full) is raised as is."""
     spec = task.sandbox_spec()
-    return client.create_sandbox(
-        spec.image, block_network=spec.block_network, cpu=cpu, memory=memory, ttl=ttl,
-        labels=labels, env=spec.env, session=session, model_proxy=model_proxy,
-        timeout=startup_timeout)
+    try:
+        return client.create_sandbox(
+            spec.image, block_network=spec.block_network, cpu=cpu, memory=memory, ttl=ttl,
+            labels=labels, env=spec.env, session=session, model_proxy=model_proxy,
+            timeout=startup_timeout)
+    except (InvalidRequest, NotFoundError, AuthenticationError) as e:
+        raise TaskSetupError(f"task {task.instance_id}: its image {spec.image} cannot be "
+                             f"used: {e.detail}") from e
 
 
 def repo_archive(task: SweTask) -> bytes | Path | None:
