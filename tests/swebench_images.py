@@ -1,5 +1,5 @@
-"""SWE-bench instances for tests: a tiny repository, rows in SWE-bench's schema, and instance
-images that run swebench's own eval scripts.
+"""SWE-bench instances for tests and benches: a tiny repository, rows in SWE-bench's schema,
+and instance images that run swebench's own eval scripts.
 
 An instance image holds what a SWE-bench eval script expects: ``/testbed`` as a git
 repository at the instance's base commit, ``/opt/miniconda3/bin/activate`` (sourced before
@@ -220,6 +220,12 @@ def testbed_layer(upstream: Path, base_commit: str) -> bytes:
     return buf.getvalue()
 
 
+# As swebench's instance images set it: a plain PATH, /testbed the working directory.
+IMAGE_CONFIG = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "WorkingDir": "/testbed", "Cmd": ["/bin/bash"]}
+
+
 def make_instance_image(rootfs: Path, upstream: Path, base_commit: str, dest: Path) -> Path:
     """An OCI layout: the testbed rootfs, then /testbed at ``base_commit``."""
-    return make_oci_layout(rootfs, dest, [testbed_layer(upstream, base_commit)])
+    return make_oci_layout(rootfs, dest, [testbed_layer(upstream, base_commit)],
+                           config=IMAGE_CONFIG)

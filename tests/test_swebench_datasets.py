@@ -16,11 +16,19 @@ from typing import Any
 import pytest
 
 from orchard.domains import load_tasks, resolve
-from orchard.domains.swe import SweTask, grade, validate_task
+from orchard.domains.swe import (
+    SweGrade,
+    SweTask,
+    TaskSetupError,
+    grade,
+    open_task_sandbox,
+    validate_task,
+)
 from orchard.domains.swe.swebench_datasets import InstanceImages
-from orchard.env.client import SandboxClient
+from orchard.env.client import SandboxClient, SandboxNotReady
 from orchard.tasks import TaskLoadError
 from tests.conftest import needs_root
+from tests.registry import Registry
 from tests.swebench_images import (
     calc_rows,
     make_calc_repo,
@@ -145,8 +153,7 @@ def test_the_hub_unreachable_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def image_dir(tmp_path_factory: pytest.TempPathFactory,
               upstream: tuple[Path, dict[str, str]]) -> Path:
-    """The instance images as OCI layouts, named by the scheme with this directory as the
-    namespace (tag latest)."""
+    """The instance images as OCI layouts, named as swebench names them in a directory."""
     rootfs = make_testbed_rootfs(tmp_path_factory.mktemp("testbed") / "rootfs")
     images = tmp_path_factory.mktemp("swebench-images")
     repo, commits = upstream
@@ -157,6 +164,19 @@ def image_dir(tmp_path_factory: pytest.TempPathFactory,
 
 
 @pytest.fixture(scope="module")
+def namespace_ref(registry: Registry, image_dir: Path) -> str:
+    """A registry namespace holding the instance images under the names swebench's own
+    ``expected_image`` gives them."""
+    from swebench.task.checks import expected_image
+
+    namespace = f"{registry.host}/swebench"
+    for iid in IDS:
+        name, tag = expected_image(iid, namespace).removeprefix(registry.host + "/").split(":")
+        registry.push(image_dir / f"sweb.eval.x86_64.{iid}__latest", name, tag)
+    return namespace
+
+
+@pytest.fixture(scope="module")
 def client(orchestrator: str) -> Iterator[SandboxClient]:
     with SandboxClient(orchestrator) as c:
         yield c
@@ -164,17 +184,14 @@ def client(orchestrator: str) -> Iterator[SandboxClient]:
 
 
 @pytest.fixture()
-def tasks(rows: list[dict[str, Any]], image_dir: Path, tmp_path: Path,
+def tasks(rows: list[dict[str, Any]], namespace_ref: str, tmp_path: Path,
           monkeypatch: pytest.MonkeyPatch) -> list[SweTask]:
-    monkeypatch.setenv("ORCHARD_SWEBENCH_NAMESPACE", str(image_dir))
+    monkeypatch.setenv("ORCHARD_SWEBENCH_NAMESPACE", namespace_ref)
+    monkeypatch.delenv("ORCHARD_SWEBENCH_TAG", raising=False)
     return load_tasks(write_jsonl(rows, tmp_path / "verified.jsonl"))[1]
 
 
-@needs_root
-def test_the_gold_patch_resolves_by_swebench_s_report(client: SandboxClient,
-                                                      tasks: list[SweTask]) -> None:
-    task = tasks[0]
-    g = grade(client, task, task.patch, labels=LABELS)
+def _assert_gold_report(g: SweGrade) -> None:
     assert (g.outcome, g.resolved, g.reward, g.f2p_passed, g.p2p_passed) == \
         ("resolved", True, 1.0, 1, 2), g.reason + g.test_output_tail
     report = g.swebench_report
@@ -186,6 +203,14 @@ def test_the_gold_patch_resolves_by_swebench_s_report(client: SandboxClient,
     # The eval script really ran: its markers and swebench's recorded exit code are in the log.
     assert ">>>>> End Test Output" in g.test_output_tail
     assert ">>>>> Test Exit Code: 0" in g.test_output_tail
+
+
+@needs_root
+def test_the_gold_patch_resolves_in_the_pulled_instance_image(
+        client: SandboxClient, tasks: list[SweTask], namespace_ref: str) -> None:
+    task = tasks[0]
+    assert task.image == f"{namespace_ref}/sweb.eval.x86_64.orchard-test_1776_calc-1:latest"
+    _assert_gold_report(grade(client, task, task.patch, labels=LABELS))
 
 
 @needs_root
@@ -215,26 +240,56 @@ def test_validation_runs_gold_and_untouched_in_the_instance_images(
 
 
 @needs_root
+def test_the_row_s_image_overrides_the_scheme_in_grading(
+        client: SandboxClient, rows: list[dict[str, Any]], registry: Registry,
+        image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    own = registry.push(image_dir / "sweb.eval.x86_64.orchard-test__calc-1__latest",
+                        "elsewhere/calc", "1")
+    # Nothing lives under this namespace: only the row's own image can grade it.
+    monkeypatch.setenv("ORCHARD_SWEBENCH_NAMESPACE", f"{registry.host}/nothing-here")
+    task = load_tasks(write_jsonl([{**rows[0], "image": own}], tmp_path / "own.jsonl"))[1][0]
+    assert task.image == own
+    _assert_gold_report(grade(client, task, task.patch, labels=LABELS))
+
+
+@needs_root
+def test_the_directory_namespace_grades_from_oci_layouts(
+        client: SandboxClient, rows: list[dict[str, Any]], image_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHARD_SWEBENCH_NAMESPACE", str(image_dir))
+    task = load_tasks(write_jsonl(rows[:1], tmp_path / "one.jsonl"))[1][0]
+    assert task.image == str(image_dir / "sweb.eval.x86_64.orchard-test__calc-1__latest")
+    _assert_gold_report(grade(client, task, task.patch, labels=LABELS))
+
+
+@needs_root
 def test_a_missing_image_names_the_instance_and_the_image(
-        client: SandboxClient, tasks: list[SweTask], image_dir: Path) -> None:
-    gone = tasks[0].model_copy(update={"instance_id": "orchard-test__calc-404",
-                                       "image": str(image_dir / "sweb.eval.x86_64.nope")})
-    g = grade(client, gone, gone.patch, labels=LABELS)
-    assert (g.outcome, g.resolved) == ("setup_failed", False)
-    assert g.reason.startswith(f"task orchard-test__calc-404: its image {image_dir}/"
-                               "sweb.eval.x86_64.nope cannot be used: "), g.reason
+        client: SandboxClient, tasks: list[SweTask], namespace_ref: str) -> None:
+    gone = tasks[0].model_copy(update={
+        "instance_id": "orchard-test__calc-404",
+        "image": f"{namespace_ref}/sweb.eval.x86_64.orchard-test_1776_calc-404:latest"})
+    # Refused at create (a setup failure) or failing to start (an environment failure): both
+    # say which instance and which image.
+    with pytest.raises((TaskSetupError, SandboxNotReady)) as raised:
+        open_task_sandbox(client, gone, labels=LABELS)
+    message = str(raised.value)
+    assert "task orchard-test__calc-404: " in message, message
+    assert (f"no sandbox from its image {gone.image}: " in message
+            or f"its image {gone.image} cannot be used: " in message), message
 
 
 @needs_root
 def test_orchard_tasks_list_and_validate_on_the_dataset_file(
-        rows: list[dict[str, Any]], image_dir: Path, tmp_path: Path, orchestrator: str) -> None:
+        rows: list[dict[str, Any]], namespace_ref: str, tmp_path: Path,
+        orchestrator: str) -> None:
     dataset = write_parquet(rows, tmp_path / "verified.parquet")
-    env = {**os.environ, "ORCHARD_SWEBENCH_NAMESPACE": str(image_dir), "COLUMNS": "250"}
+    env = {**os.environ, "ORCHARD_SWEBENCH_NAMESPACE": namespace_ref, "COLUMNS": "250"}
     listed = subprocess.run([str(ORCHARD), "tasks", "list", str(dataset), "--json"],
                             capture_output=True, text=True, timeout=120, env=env)
     assert listed.returncode == 0, listed.stderr
     assert [(t["instance_id"], t["image"]) for t in json.loads(listed.stdout)] == [
-        (iid, f"{image_dir}/sweb.eval.x86_64.{iid}__latest") for iid in IDS]
+        (iid, f"{namespace_ref}/sweb.eval.x86_64.{iid.replace('__', '_1776_')}:latest")
+        for iid in IDS]
     checked = subprocess.run(
         [str(ORCHARD), "tasks", "validate", str(dataset), "--orchestrator", orchestrator],
         capture_output=True, text=True, timeout=600, env=env)

@@ -23,6 +23,7 @@ from orchard.env.client import (
     NotFoundError,
     Sandbox,
     SandboxClient,
+    SandboxNotReady,
 )
 from orchard.tasks.protocol import TaskSetupError
 
@@ -46,9 +47,11 @@ def open_task_sandbox(client: SandboxClient, task: SweTask, *, labels: dict[str,
                       session: str | None = None, ttl: float | None = None,
                       cpu: str | None = None, memory: str | None = None,
                       model_proxy: bool = False, startup_timeout: float = 120.0) -> Sandbox:
-    """A sandbox from the task's image, network blocked, not yet prepared. An image the
-    orchestrator refuses for good (unknown, forbidden, unusable) is a TaskSetupError naming the
-    task and the image; a failure that may pass (registry down, disk full) is raised as is."""
+    """A sandbox from the task's image, network blocked, not yet prepared. Errors name the
+    task and its image: one the orchestrator refuses at create (unknown, forbidden, invalid)
+    is a TaskSetupError, the same on every try; a sandbox that fails to start (the image did
+    not resolve or pull, or the machine failed) stays a SandboxNotReady, an environment
+    failure that a retry may not meet."""
     spec = task.sandbox_spec()
     try:
         return client.create_sandbox(
@@ -58,6 +61,9 @@ def open_task_sandbox(client: SandboxClient, task: SweTask, *, labels: dict[str,
     except (InvalidRequest, NotFoundError, AuthenticationError) as e:
         raise TaskSetupError(f"task {task.instance_id}: its image {spec.image} cannot be "
                              f"used: {e.detail}") from e
+    except SandboxNotReady as e:
+        raise SandboxNotReady(e.sandbox_id, f"task {task.instance_id}: no sandbox from its "
+                              f"image {spec.image}: {e.detail}", e.status_code) from e
 
 
 def repo_archive(task: SweTask) -> bytes | Path | None:
