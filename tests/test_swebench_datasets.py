@@ -295,3 +295,22 @@ def test_orchard_tasks_list_and_validate_on_the_dataset_file(
         capture_output=True, text=True, timeout=600, env=env)
     assert checked.returncode == 0, (checked.stdout, checked.stderr)
     assert "2/2 tasks valid" in checked.stderr
+
+
+@needs_root
+def test_orchard_eval_runs_the_dataset_in_its_instance_images(
+        rows: list[dict[str, Any]], namespace_ref: str, tmp_path: Path,
+        orchestrator: str) -> None:
+    dataset = write_jsonl(rows, tmp_path / "verified.jsonl")
+    env = {**os.environ, "ORCHARD_SWEBENCH_NAMESPACE": namespace_ref}
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [str(ORCHARD), "eval", "--tasks", str(dataset), "--harness", "oracle", "--out",
+         str(out), "--orchestrator", orchestrator, "--no-per-task"],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    saved = json.loads((out / "results.json").read_text())
+    assert {tid: t["resolved"] for tid, t in saved["tasks"].items()} == dict.fromkeys(IDS, 1)
+    graded = [json.loads(line)["grade"] for line in
+              (out / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted(g["swebench_report"]["resolved"] for g in graded) == [True, True]
