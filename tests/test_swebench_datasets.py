@@ -118,6 +118,13 @@ def test_an_instance_swebench_cannot_grade_is_a_clear_error(
         load_tasks(write_jsonl([row], tmp_path / "bad.jsonl"))
 
 
+def test_an_orchard_task_with_no_eval_script_is_not_a_swebench_row(tmp_path: Path) -> None:
+    row = {"instance_id": "t-1", "problem_statement": "p", "FAIL_TO_PASS": ["t::a"],
+           "eval_script": "", "image": "host"}
+    task = load_tasks(write_jsonl([row], tmp_path / "own.jsonl"))[1][0]
+    assert (task.workdir, task.image, task.eval_script) == ("/workspace", "host", "")
+
+
 def test_hub_ids_go_to_the_swe_domain_and_mistyped_paths_do_not() -> None:
     assert resolve("princeton-nlp/SWE-bench_Verified").name == "swe"
     with pytest.raises(TaskLoadError, match="no task set at data/tasks.jsonl"):

@@ -69,8 +69,9 @@ class InstanceImages:
 
 
 def is_swebench_row(row: Mapping[str, Any]) -> bool:
-    """Whether a row is a SWE-bench instance with its test spec (swebench 5's schema)."""
-    return "eval_script" in row
+    """Whether a row is a SWE-bench instance with its test spec (swebench 5's schema); an
+    Orchard task written out with an empty eval_script is not."""
+    return bool(row.get("eval_script"))
 
 
 def swebench_fields(row: Mapping[str, Any], images: InstanceImages) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def swebench_fields(row: Mapping[str, Any], images: InstanceImages) -> dict[str,
             fields[key] = str(fields[key])
     if not fields.get("image"):  # absent, or empty where another row has one
         fields["image"] = images.name(iid)
-    fields["workdir"] = CONTAINER_WORKDIR
+    fields.setdefault("workdir", CONTAINER_WORKDIR)
     fields.setdefault("test_timeout", EVAL_TIMEOUT)
     return fields
 
