@@ -25,7 +25,9 @@ app = typer.Typer()
 _Tasks = Annotated[str, typer.Argument(
     help="'bundled', 'humaneval', 'settings' and 'bugfix' (the generated SWE families), 'web' "
          "(the web tasks), 'web-live', 'assistant' (hand-written and generated assistant "
-         "tasks), or a .json/.jsonl/.parquet file, a saved dataset or a task directory.")]
+         "tasks), a .json/.jsonl/.parquet file, a saved dataset or a task directory, or a "
+         "Hugging Face dataset id of SWE-bench instances (princeton-nlp/SWE-bench_Verified; "
+         "images named under ORCHARD_SWEBENCH_NAMESPACE).")]
 _Split = Annotated[str | None, typer.Option(help="Keep only this split (train, test).",
                                             show_default=False)]
 _TaskIds = Annotated[list[str] | None, typer.Option(
@@ -102,8 +104,8 @@ def tasks_validate(
 def eval_(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Run directory: results, traces; rerun to resume.")],
-    tasks: Annotated[str, typer.Option(help="'bundled', 'humaneval', 'web', 'assistant' or a "
-                                            "path (see "
+    tasks: Annotated[str, typer.Option(help="'bundled', 'humaneval', 'web', 'assistant', a "
+                                            "path or a Hugging Face dataset id (see "
                                             "`orchard tasks list --help`).")] = "bundled",
     split: _Split = None,
     task: _TaskIds = None,

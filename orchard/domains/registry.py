@@ -35,15 +35,22 @@ def task_set_names() -> list[str]:
 
 
 def resolve(source: str | Path) -> Domain:
-    """The domain whose tasks ``source`` names: a named set, or a task file or directory."""
+    """The domain whose tasks ``source`` names: a named set, a task file or directory, or a
+    name a source takes beyond its fixed ones (``accepts_name``: a Hugging Face dataset id)."""
     name = str(source)
     for d in DOMAINS.values():
         if name in d.source.names:
             return d
     path = Path(name).expanduser()
     if not path.exists():
+        for d in DOMAINS.values():
+            # Optional in a TaskSource: most take only their names and paths.
+            accepts_name = getattr(d.source, "accepts_name", None)
+            if accepts_name is not None and accepts_name(name):
+                return d
         raise TaskLoadError(f"no task set at {path}: give a task file (.json, .jsonl, .parquet, "
-                            f".yaml) or directory, or one of {', '.join(task_set_names())}")
+                            f".yaml) or directory, a Hugging Face dataset id (owner/name), or "
+                            f"one of {', '.join(task_set_names())}")
     for d in DOMAINS.values():
         if d.source.accepts(path):
             return d

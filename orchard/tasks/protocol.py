@@ -151,7 +151,11 @@ class Task(Protocol):
 
 @runtime_checkable
 class TaskSource(Protocol):
-    """Loads a domain's task sets: the named ones (``names``) and files it ``accepts``."""
+    """Loads a domain's task sets: the named ones (``names``) and files it ``accepts``.
+
+    A source may also define ``accepts_name(name) -> bool`` for names beyond ``names`` (the
+    SWE source: Hugging Face dataset ids); the registry asks it about a name that is neither
+    a named set nor an existing path."""
 
     names: Sequence[str]
 

@@ -11,18 +11,23 @@ from typing import Any
 from orchard.domains.domain import Domain, Episodes, HarnessOptions, Listing
 from orchard.domains.swe.loaders import NAMED_SETS, load_tasks
 from orchard.domains.swe.model import SweTask
+from orchard.domains.swe.swebench_datasets import is_hub_id
 from orchard.env.client import Sandbox, SandboxClient
 from orchard.tasks.protocol import Submission
 
 
 class SweSource:
-    """The named SWE sets, and any task file or directory but a YAML file (web and assistant
-    task files are YAML; a SWE task directory holds its task.yaml inside)."""
+    """The named SWE sets, any task file or directory but a YAML file (web and assistant
+    task files are YAML; a SWE task directory holds its task.yaml inside), and Hugging Face
+    dataset ids of SWE-bench instances."""
 
     names: Sequence[str] = NAMED_SETS
 
     def accepts(self, path: Path) -> bool:
         return path.suffix.lower() not in (".yaml", ".yml")
+
+    def accepts_name(self, name: str) -> bool:
+        return is_hub_id(name)
 
     def load(self, source: str | Path, *, split: str | None = None,
              ids: Iterable[str] | None = None) -> list[SweTask]:

@@ -4,7 +4,9 @@ The SWE-bench procedure: prepare the repository, apply the candidate (``git appl
 ``git apply --reject``, then ``patch --fuzz=5``: the sandbox agent's patch endpoint), apply the
 test patch, run the test command, parse per-test outcomes with swebench's log parser, and call
 the task resolved iff every FAIL_TO_PASS and PASS_TO_PASS test passes. Reward +1 if resolved,
--1 otherwise.
+-1 otherwise. A task with swebench's ``eval_script`` (a SWE-bench instance) runs that script
+after the candidate instead (it applies the test patch itself), and swebench's
+``get_eval_report`` reads the log and says whether it is resolved.
 
 An environment failure (no sandbox, agent unreachable) is raised, not graded: it says nothing
 about the patch, and the caller retries it. Everything the patch is to blame for is a Grade.
@@ -13,8 +15,9 @@ about the patch, and the caller retries it. Everything the patch is to blame for
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -23,9 +26,14 @@ from orchard.domains.swe.workspace import open_task_sandbox, prepare_workspace
 from orchard.env.client import OrchardError, SandboxClient
 from orchard.tasks.protocol import Grade, TaskSetupError
 
+if TYPE_CHECKING:
+    from swebench.types import TestSpec
+
 Outcome = Literal["resolved", "empty_patch", "patch_failed", "edits_tests", "tests_failed",
                   "test_timeout", "test_patch_failed", "setup_failed"]
 TAIL_CHARS = 4000
+# Where swebench's harness puts the eval script in the container.
+EVAL_SCRIPT_PATH = "/eval.sh"
 
 
 class SweGrade(Grade):
@@ -48,6 +56,8 @@ class SweGrade(Grade):
     setup_seconds: float = 0.0
     test_seconds: float = 0.0
     sandbox_id: str | None = None
+    swebench_report: dict[str, Any] | None = Field(
+        None, description="swebench's get_eval_report for the instance (eval_script tasks).")
 
 
 def _graded(task: SweTask, outcome: Outcome, reason: str, **fields: object) -> SweGrade:
@@ -83,6 +93,41 @@ def score(task: SweTask, log: str) -> tuple[list[str], list[str]]:
     return report[FAIL_TO_PASS]["failure"], report[PASS_TO_PASS]["failure"]
 
 
+def test_spec(task: SweTask) -> TestSpec:
+    """swebench's TestSpec of an eval_script task, from swebench's own make_test_spec."""
+    from swebench.harness.utils import make_test_spec
+
+    return make_test_spec({
+        "instance_id": task.instance_id, "image": task.image, "repo": task.repo,
+        "version": task.version, "FAIL_TO_PASS": task.FAIL_TO_PASS,
+        "PASS_TO_PASS": task.PASS_TO_PASS, "log_parser": task.log_parser,
+        "eval_type": task.eval_type, "eval_script": task.eval_script})
+
+
+def eval_report(spec: TestSpec, patch: str, log: str) -> dict[str, Any]:
+    """swebench's report on one eval script's log (``resolved``, ``tests_status``, ...)."""
+    from swebench.harness.grading import get_eval_report
+
+    with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as f:
+        f.write(log)
+        f.flush()
+        report = get_eval_report(spec, {"instance_id": spec.instance_id, "model_patch": patch,
+                                        "model_name_or_path": "orchard"}, f.name,
+                                 include_tests_status=True)
+    return report[spec.instance_id]
+
+
+def _report_failures(task: SweTask, report: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The FAIL_TO_PASS and PASS_TO_PASS tests swebench's report does not count as passing;
+    all of them when it found no test results in the log."""
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS
+
+    status = report.get("tests_status")
+    if status is None:
+        return list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS)
+    return status[FAIL_TO_PASS]["failure"], status[PASS_TO_PASS]["failure"]
+
+
 def grade(client: SandboxClient, task: SweTask, patch: str | None, *,
           labels: dict[str, str] | None = None, timeout: float | None = None,
           test_empty: bool = False) -> SweGrade:
@@ -102,9 +147,12 @@ def grade(client: SandboxClient, task: SweTask, patch: str | None, *,
         return _graded(task, "edits_tests", "the patch edits the grading tests' files "
                        f"({', '.join(touched)}); they are the task's, not the candidate's",
                        grading_seconds=time.monotonic() - start)
-    sandbox = open_task_sandbox(client, task, labels={"orchard.dev/purpose": "grading",
-                                                      **(labels or {})},
-                                ttl=timeout + 600)
+    try:
+        sandbox = open_task_sandbox(client, task, labels={"orchard.dev/purpose": "grading",
+                                                          **(labels or {})},
+                                    ttl=timeout + 600)
+    except TaskSetupError as e:
+        return _graded(task, "setup_failed", str(e), grading_seconds=time.monotonic() - start)
     sandbox_id = sandbox.id
     try:
         try:
@@ -121,7 +169,8 @@ def grade(client: SandboxClient, task: SweTask, patch: str | None, *,
                            "git apply --reject or patch --fuzz=5: "
                            f"{applied.attempts[-1] if applied.attempts else applied.stderr}",
                            grading_seconds=time.monotonic() - start, **common)
-        if task.test_patch.strip():
+        spec = test_spec(task) if task.eval_script else None
+        if spec is None and task.test_patch.strip():
             tests = sandbox.apply_patch(task.test_patch, timeout=120, cwd=task.workdir)
             if not tests.success:
                 return _graded(task, "test_patch_failed", "the test patch no longer applies "
@@ -129,21 +178,42 @@ def grade(client: SandboxClient, task: SweTask, patch: str | None, *,
                                f"{tests.attempts[-1] if tests.attempts else tests.stderr}",
                                grading_seconds=time.monotonic() - start, **common)
         t0 = time.monotonic()
-        job = sandbox.exec(task.test_command, cwd=task.workdir, timeout=timeout)
-        log = job.stdout + ("\n" + job.stderr if job.stderr else "")
+        if spec is None:
+            job = sandbox.exec(task.test_command, cwd=task.workdir, timeout=timeout)
+            log = job.stdout + ("\n" + job.stderr if job.stderr else "")
+        else:
+            # One stream, as in swebench's container: the script's `set -x` trace on stderr
+            # holds the markers that bracket the test output on stdout.
+            sandbox.upload_content(spec.eval_script, EVAL_SCRIPT_PATH, mode=0o755)
+            job = sandbox.exec(["/bin/bash", "-c", f"/bin/bash {EVAL_SCRIPT_PATH} 2>&1"],
+                               cwd=task.workdir, timeout=timeout)
+            log = job.stdout
         common |= {"test_exit_code": job.exit_code, "test_output_tail": log[-TAIL_CHARS:],
                    "test_seconds": time.monotonic() - t0}
         if job.timed_out:
             return _graded(task, "test_timeout", f"the tests ran past {timeout:g} s and were "
                            "killed", grading_seconds=time.monotonic() - start, **common)
-        f2p_failing, p2p_failing = score(task, log)
+        unread = ""
+        if spec is None:
+            f2p_failing, p2p_failing = score(task, log)
+            resolved = not f2p_failing and not p2p_failing
+        else:
+            report = eval_report(spec, patch, log)
+            f2p_failing, p2p_failing = _report_failures(task, report)
+            resolved = bool(report["resolved"])
+            common["swebench_report"] = report
+            if "tests_status" not in report:
+                unread = ("swebench found no test results in the log"
+                          + (f" ({report['infra_failure_reason']})"
+                             if report.get("infra_failure_reason") else ""))
         counts = {"f2p_failing": f2p_failing, "p2p_failing": p2p_failing,
                   "f2p_passed": len(task.FAIL_TO_PASS) - len(f2p_failing),
                   "p2p_passed": len(task.PASS_TO_PASS) - len(p2p_failing)}
-        if not f2p_failing and not p2p_failing:
+        if resolved:
             return _graded(task, "resolved", "", grading_seconds=time.monotonic() - start,
                            **common, **counts)
-        why = [f"{len(f2p_failing)}/{len(task.FAIL_TO_PASS)} FAIL_TO_PASS still failing"
+        why = [unread,
+               f"{len(f2p_failing)}/{len(task.FAIL_TO_PASS)} FAIL_TO_PASS still failing"
                if f2p_failing else "",
                f"{len(p2p_failing)}/{len(task.PASS_TO_PASS)} PASS_TO_PASS broken"
                if p2p_failing else ""]

@@ -1,10 +1,12 @@
-"""Task sets from files, offline: JSON, JSONL, Parquet, Hugging Face datasets saved with
-``save_to_disk``, task directories (the bundled set's format), and the named sets
-``bundled`` and ``humaneval``.
+"""Task sets from files: JSON, JSONL, Parquet, Hugging Face datasets saved with
+``save_to_disk`` or downloaded as data files, task directories (the bundled set's format), the
+named sets ``bundled``, ``humaneval``, ``settings`` and ``bugfix``, and Hugging Face Hub
+datasets by id (``princeton-nlp/SWE-bench_Verified``).
 
 A task directory holds ``task.yaml`` (the task's fields), ``repo/`` (the repository at its base
-state), ``gold.patch`` and ``test.patch``. Row formats accept SWE-bench's flat rows and the
-nested ``{problem_statement, patch, metadata: {...}}`` rows of the reference pipeline.
+state), ``gold.patch`` and ``test.patch``. Row formats accept Orchard's flat rows, the nested
+``{problem_statement, patch, metadata: {...}}`` rows of the reference pipeline, and SWE-bench
+instances with their test spec (``swebench_datasets``: run in their instance images).
 """
 
 from __future__ import annotations
@@ -20,6 +22,14 @@ from pydantic import ValidationError
 
 from orchard.domains.swe.bundled_data import bundled_dir
 from orchard.domains.swe.model import RepoSource, SweTask
+from orchard.domains.swe.swebench_datasets import (
+    InstanceImages,
+    is_hub_id,
+    is_swebench_row,
+    load_hub_dataset,
+    older_schema_hint,
+    swebench_fields,
+)
 from orchard.tasks.images import ImageBuild
 from orchard.tasks.protocol import TaskLoadError
 
@@ -32,8 +42,9 @@ def load_tasks(source: str | Path | None = None, *, split: str | None = None,
                ids: Iterable[str] | None = None) -> list[SweTask]:
     """Load a task set: ``None`` or ``"bundled"`` (the set shipped with Orchard),
     ``"humaneval"``, ``"settings"`` (the generated family of the tiny-model demo), ``"bugfix"``
-    (the generated family whose fixes must be read in the sandbox), or a path
-    (.json, .jsonl, .parquet, a saved dataset, a task directory or a directory of them).
+    (the generated family whose fixes must be read in the sandbox), a path (.json, .jsonl,
+    .parquet, a saved or downloaded dataset, a task directory or a directory of them), or a
+    Hugging Face Hub dataset id of SWE-bench instances.
     ``split`` keeps tasks of that split (a saved DatasetDict is split by its own keys); ``ids``
     keeps those instance ids, in the set's order."""
     name = str(source) if source is not None else "bundled"
@@ -53,10 +64,14 @@ def load_tasks(source: str | Path | None = None, *, split: str | None = None,
         tasks = bugfix_family()
     else:
         path = Path(name).expanduser()
-        if not path.exists():
+        if path.exists():
+            tasks = _load_path(path, split)
+        elif is_hub_id(name):
+            tasks = _dataset_tasks(load_hub_dataset(name), split, Path.cwd(), name)
+        else:
             raise TaskLoadError(f"no task set at {path}: give a .json, .jsonl or .parquet "
-                                f"file, a directory, or one of {', '.join(NAMED_SETS)}")
-        tasks = _load_path(path, split)
+                                f"file, a directory, a Hugging Face dataset id (owner/name), "
+                                f"or one of {', '.join(NAMED_SETS)}")
     if split is not None:
         known = {t.split for t in tasks}
         tasks = [t for t in tasks if t.split == split]
@@ -115,37 +130,60 @@ def _load_path(path: Path, split: str | None) -> list[SweTask]:
 
 
 def _load_saved_dataset(path: Path, split: str | None) -> list[SweTask]:
+    """A dataset saved with ``save_to_disk``, or a directory of data files as the Hub holds
+    them (a downloaded copy): ``datasets.load_dataset`` reads those as it reads the Hub."""
     import datasets
 
+    saved = any((path / f).is_file() for f in ("dataset_dict.json", "dataset_info.json",
+                                               "state.json"))
     try:
-        ds = datasets.load_from_disk(str(path))
-    except FileNotFoundError as e:
-        raise TaskLoadError(f"{path} is neither a task directory (*/task.yaml) nor a dataset "
-                            f"saved with save_to_disk: {e}") from e
+        ds = datasets.load_from_disk(str(path)) if saved else datasets.load_dataset(str(path))
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
+        raise TaskLoadError(f"{path} is neither a task directory (*/task.yaml), a dataset "
+                            f"saved with save_to_disk, nor a directory of data files: {e}"
+                            ) from e
+    return _dataset_tasks(ds, split, path, str(path))
+
+
+def _dataset_tasks(ds: Any, split: str | None, base: Path, where: str) -> list[SweTask]:
+    """Tasks of a ``datasets`` Dataset, or of a DatasetDict's splits (``split``, else all)."""
+    import datasets
+
     if isinstance(ds, datasets.DatasetDict):
         if split is not None and split not in ds:
-            raise TaskLoadError(f"{path} has splits {sorted(ds)}, not {split!r}")
+            raise TaskLoadError(f"{where} has splits {sorted(ds)}, not {split!r}")
         parts = [split] if split is not None else list(ds)
         tasks = []
         for part in parts:
             tasks += [t if t.split else t.model_copy(update={"split": part})
-                      for t in task_rows(ds[part].to_list(), path, f"{path}[{part}]")]
+                      for t in task_rows(ds[part].to_list(), base, f"{where}[{part}]")]
         return tasks
-    return task_rows(ds.to_list(), path, str(path))
+    return task_rows(ds.to_list(), base, where)
 
 
 def task_rows(rows: Iterable[Mapping[str, Any]], base: Path, where: str) -> list[SweTask]:
     """Tasks from rows; a relative ``source.path`` is resolved against ``base`` (a task
-    file's directory, or a saved dataset's own directory)."""
+    file's directory, or a saved dataset's own directory). A SWE-bench instance row gets its
+    instance image (``swebench_datasets``)."""
     tasks = []
+    images: InstanceImages | None = None
     for n, row in enumerate(rows, 1):
         if not isinstance(row, Mapping):
             raise TaskLoadError(f"{where}: row {n} is not an object")
+        fields = _flatten(row)
+        if is_swebench_row(fields):
+            images = images or InstanceImages.from_env()
+            try:
+                fields = swebench_fields(fields, images)
+            except TaskLoadError as e:
+                raise TaskLoadError(f"{where}: row {n}: {e}") from e
         try:
-            task = SweTask.model_validate(_flatten(row))
+            task = SweTask.model_validate(fields)
         except ValidationError as e:
+            hint = older_schema_hint(fields)
             raise TaskLoadError(f"{where}: row {n} ({row.get('instance_id', '?')}) is not a "
-                                f"valid task:\n{_explain(e)}") from e
+                                f"valid task{': ' + hint if hint else ''}:\n{_explain(e)}"
+                                ) from e
         image = task.image.resolved(base) if isinstance(task.image, ImageBuild) else task.image
         tasks.append(task.model_copy(update={"source": task.source.resolved(base),
                                              "image": image}))

@@ -104,6 +104,12 @@ class SweTask(BaseModel):
                                     description="Run in workdir before the harness starts "
                                     "and before grading (installs, builds).")
     test_command: str = DEFAULT_TEST_COMMAND
+    eval_script: str = Field("", description="SWE-bench's eval script (swebench 5 datasets "
+                             "carry one per instance): when set, grading runs it instead of "
+                             "test_patch + test_command and reads the log with swebench's "
+                             "get_eval_report.")
+    eval_type: Literal["pass_and_fail", "fail_only"] = Field(
+        "pass_and_fail", description="How swebench scores an eval_script's log.")
     test_timeout: float = Field(300, gt=0, le=24 * 3600)
     log_parser: str = Field("parse_log_pytest",
                             description="A parser of swebench's PARSER_REGISTRY.")

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard.domains.swe.model import SweTask
-from orchard.env.client import Sandbox, SandboxClient
+from orchard.env.client import (
+    AuthenticationError,
+    InvalidRequest,
+    NotFoundError,
+    Sandbox,
+    SandboxClient,
+    SandboxNotReady,
+)
 from orchard.tasks.images import sandbox_image
 from orchard.tasks.protocol import TaskSetupError
 
@@ -41,12 +48,24 @@ def open_task_sandbox(client: SandboxClient, task: SweTask, *, labels: dict[str,
                       session: str | None = None, ttl: float | None = None,
                       cpu: str | None = None, memory: str | None = None,
                       model_proxy: bool = False, startup_timeout: float = 120.0) -> Sandbox:
-    """A sandbox from the task's image, network blocked, not yet prepared."""
+    """A sandbox from the task's image, network blocked, not yet prepared. Errors name the
+    task and its image: one the orchestrator refuses at create (unknown, forbidden, invalid)
+    is a TaskSetupError, the same on every try; a sandbox that fails to start (the image did
+    not resolve or pull, or the machine failed) stays a SandboxNotReady, an environment
+    failure that a retry may get past."""
     spec = task.sandbox_spec()
-    return client.create_sandbox(
-        sandbox_image(client, spec.image), block_network=spec.block_network, cpu=cpu,
-        memory=memory, ttl=ttl, labels=labels, env=spec.env, session=session,
-        model_proxy=model_proxy, timeout=startup_timeout)
+    image = sandbox_image(client, spec.image)
+    try:
+        return client.create_sandbox(
+            image, block_network=spec.block_network, cpu=cpu, memory=memory, ttl=ttl,
+            labels=labels, env=spec.env, session=session, model_proxy=model_proxy,
+            timeout=startup_timeout)
+    except (InvalidRequest, NotFoundError, AuthenticationError) as e:
+        raise TaskSetupError(f"task {task.instance_id}: its image {image} cannot be "
+                             f"used: {e.detail}") from e
+    except SandboxNotReady as e:
+        raise SandboxNotReady(e.sandbox_id, f"task {task.instance_id}: no sandbox from its "
+                              f"image {image}: {e.detail}", e.status_code) from e
 
 
 def repo_archive(task: SweTask) -> bytes | Path | None:
