@@ -63,6 +63,23 @@ class DataDirLock:
             self._fd = None
 
 
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> Path:
+    """Write ``path`` whole or not at all: a reader never sees half of it, and a failure leaves
+    the old file (or none) and no temporary beside it. No fsync: every file written this way
+    can be made again, and a sandbox create writes one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
 def private_dir(path: Path) -> Path:
     """``path`` as a directory only its owner may enter (made if missing, else narrowed)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ from orchard.env.backends.local.image_sources import (
     read_plan,
 )
 from orchard.env.backends.local.image_unpack import unpack
+from orchard.env.datadir import write_atomic
 from orchard.env.filelock import exclusive_lock
 from orchard.env.image_schema import ImageConfig, ImageInfo, config_from_oci
 
@@ -158,7 +159,7 @@ class ImageStore:
                         info = ImageInfo(digest=digest, size_bytes=_disk_usage(rootfs),
                                          pulled_at=datetime.now(UTC),
                                          config=config_from_oci(plan.config))
-                        _write_atomic(entry / "image.json", info.model_dump_json())
+                        write_atomic(entry / "image.json", info.model_dump_json().encode())
                     except BaseException:
                         # Nothing half-written stays: no rootfs means no image here.
                         shutil.rmtree(entry / "rootfs", ignore_errors=True)
@@ -197,12 +198,12 @@ class ImageStore:
         """Name ``digest`` by ``ref``: in refs/ for lookups, in its image.json for listing."""
         path = self._ref_file(ref)
         path.parent.mkdir(exist_ok=True)
-        _write_atomic(path, f"{digest}\n{ref}\n")
+        write_atomic(path, f"{digest}\n{ref}\n".encode())
         with self.locked(digest):
             info = self.info(digest)
             if info is not None and ref not in info.refs:
                 info.refs.append(ref)
-                _write_atomic(self.entry(digest) / "image.json", info.model_dump_json())
+                write_atomic(self.entry(digest) / "image.json", info.model_dump_json().encode())
 
     def lookup(self, ref: str) -> str | None:
         """The digest ``ref`` was last pulled as, if that image is still unpacked here."""
@@ -239,7 +240,7 @@ class ImageStore:
             users = entry / "users"
             users.mkdir(exist_ok=True)
             marker = hashlib.sha256(str(sandbox_dir).encode()).hexdigest()[:24]
-            _write_atomic(users / marker, f"{sandbox_dir.name}\n{sandbox_dir}\n")
+            write_atomic(users / marker, f"{sandbox_dir.name}\n{sandbox_dir}\n".encode())
             (entry / "last-used").touch()
         return entry / "rootfs"
 
@@ -276,18 +277,6 @@ class ImageStore:
                     self._ref_file(ref).unlink()
         return info.size_bytes
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _disk_usage(root: Path) -> int:

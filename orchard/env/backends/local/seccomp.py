@@ -11,14 +11,13 @@ risky personas (e.g. ADDR_NO_RANDOMIZE) only weaken the caller itself.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
-import os
 import platform
 import tempfile
 from pathlib import Path
 
+from orchard.env.datadir import write_atomic
 from orchard.env.errors import OrchestratorError
 
 __all__ = ["DENIED_SYSCALLS", "IO_URING_SYSCALLS", "SeccompUnavailableError", "filter_bytes",
@@ -152,17 +151,4 @@ def filter_bytes(allow_io_uring: bool = False) -> bytes:
 
 def write_filter(path: Path, allow_io_uring: bool = False) -> Path:
     """Atomically write the compiled filter to ``path`` (mode 0644) and return ``path``."""
-    data = filter_bytes(allow_io_uring)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_atomic(path, filter_bytes(allow_io_uring))
