@@ -33,7 +33,7 @@ import dns.rrset
 import httpx
 import pytest
 
-from orchard.env.backends.local.backend import remove_leftovers
+from orchard.env.backends.local.host_state import remove_leftovers
 from tests.conftest import (
     create_ready,
     dedicated_orchestrator,

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from orchard import SandboxClient
-from orchard.env.backends.local.backend import cgroup_group
+from orchard.env.backends.local.host_state import cgroup_group
 from orchard.env.backends.local.userns import REGISTRY
 from orchard.env.datadir import DataDirInUse
 from orchard.env.server import EmbeddedOrchestrator

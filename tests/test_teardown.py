@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchard.env.backends.local.backend import cgroup_group
+from orchard.env.backends.local.host_state import cgroup_group
 from orchard.env.server import EmbeddedOrchestrator
 from tests.conftest import create_ready, needs_root, short_data_dir, wait_until
 from tests.leakcheck import HostState, leaks_since

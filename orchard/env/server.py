@@ -211,7 +211,7 @@ def _remove_stale_private_dirs() -> None:
     Their sandboxes died with them (the holders' lifeline closed); their cgroups and
     directories remain until someone removes them.
     """
-    from orchard.env.backends.local.backend import remove_leftovers
+    from orchard.env.backends.local.host_state import remove_leftovers
 
     for d in stale_private_data_dirs():
         remove_leftovers(d / "local")

@@ -21,12 +21,9 @@ snapshot/fork can freeze and reuse as a lower layer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -47,6 +44,7 @@ from orchard.env.backends.base import (
 )
 from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
+from orchard.env.backends.local.host_state import agent_secret, cgroup_group
 from orchard.env.backends.local.image_cache import RegistryImages
 from orchard.env.backends.local.image_pull import Skopeo
 from orchard.env.backends.local.image_refs import is_registry_ref, parse_ref
@@ -111,7 +109,7 @@ class LocalBackend:
         # bits included, and bwrap needs none of it (launch.sh stages what it binds).
         private_dir(data_dir)
         self.sandboxes_dir = private_dir(data_dir / "sandboxes")
-        self._secret = _agent_secret(data_dir / "agent.secret")
+        self._secret = agent_secret(data_dir / "agent.secret")
         self.uid_ranges = UidRanges()
         self.ready_timeout = ready_timeout
         # An embedded orchestrator's sandboxes must not outlive its process (nobody could
@@ -494,35 +492,4 @@ class LocalBackend:
                 os.close(fd)
             self._holder_lifeline = None
         await asyncio.to_thread(self._zygote.wait)
-
-
-def _agent_secret(path: Path) -> bytes:
-    """The key of this data dir's agent tokens, made once; only host root may read it."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        return path.read_bytes()
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_hex(32).encode())
-    return path.read_bytes()
-
-
-def cgroup_group(data_dir: Path) -> str:
-    """One cgroup group per data dir: the orphan pass deletes every cgroup in its group that
-    has no record, so orchestrators sharing a host must not share a group."""
-    return f"orchard/{hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]}"
-
-
-def remove_leftovers(data_dir: Path) -> None:
-    """Kill whatever is left in a dead orchestrator's cgroups below ``data_dir``, remove them,
-    and give back its sandboxes' uid ranges (before their directories go, which say which)."""
-    cgroups = CgroupManager(cgroup_group(data_dir))
-    for sid in cgroups.list():
-        with contextlib.suppress(CgroupError):
-            cgroups.kill(sid)
-    cgroups.remove_group()
-    ranges = UidRanges()
-    for sdir in (data_dir / "sandboxes").glob("*"):
-        if (uid := uid_of(sdir)) is not None:
-            ranges.release(sdir, uid)
 
