@@ -14,6 +14,10 @@ no network, the public internet, or an egress allow-list. Needs orchard's ``harb
 
 from __future__ import annotations
 
+from orchard.extras import require
+
+require("harbor")  # before anything of Python >= 3.12, which Harbor needs too
+
 import shlex
 import tempfile
 import uuid
