@@ -21,7 +21,7 @@ from orchard.env.server import EmbeddedOrchestrator
 from orchard.env.state import StateStore, open_store
 from tests.fakekube.cluster import FakeCluster
 
-pytest_plugins = ["tests.redis_server", "tests.leakcheck"]
+pytest_plugins = ["tests.redis_server", "tests.registry", "tests.leakcheck"]
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None,

@@ -121,12 +121,16 @@ def _json(doc: Any) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _image_config(diff_ids: list[str], architecture: str = "amd64") -> bytes:
+_DEFAULT_CONFIG = {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"], "WorkingDir": "/workspace"}
+
+
+def _image_config(diff_ids: list[str], architecture: str = "amd64",
+                  config: Mapping[str, Any] | None = None) -> bytes:
     return _json(
         {
             "architecture": architecture,
             "os": "linux",
-            "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"], "WorkingDir": "/workspace"},
+            "config": dict(_DEFAULT_CONFIG if config is None else config),
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
             "history": [{"created_by": "orchard test fixture"} for _ in diff_ids],
         }
@@ -200,6 +204,8 @@ def _oci_files(
     extra_layers: list[Layer] | None,
     multi_arch: bool,
     gzip_extra: bool,
+    architectures: Sequence[str] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> dict[str, bytes]:
     files: dict[str, bytes] = {"oci-layout": _json({"imageLayoutVersion": "1.0.0"})}
 
@@ -214,11 +220,12 @@ def _oci_files(
             compressed = i == 0 or gzip_extra
             blob = gzip.compress(tar, mtime=0) if compressed else tar
             layers.append(add_blob(blob, _OCI_LAYER_GZIP if compressed else _OCI_LAYER))
-        config = add_blob(_image_config([_sha256(t) for t in tars], architecture), _OCI_CONFIG)
+        config_blob = _image_config([_sha256(t) for t in tars], architecture, config)
+        config_desc = add_blob(config_blob, _OCI_CONFIG)
         manifest = {
             "schemaVersion": 2,
             "mediaType": _OCI_MANIFEST,
-            "config": config,
+            "config": config_desc,
             "layers": layers,
         }
         platform = {"os": "linux", "architecture": architecture}
@@ -226,11 +233,11 @@ def _oci_files(
 
     tars = _layer_tars(rootfs, extra_layers)
     ref = {"org.opencontainers.image.ref.name": "latest"}
-    if multi_arch:
+    if multi_arch or architectures:
         # arm64 first, so picking "the first" manifest would be detectably wrong on amd64.
         manifests = [
             add_manifest([*tars, _files_layer({"etc/arch": arch.encode()})], arch)
-            for arch in ("arm64", "amd64")
+            for arch in architectures or ("arm64", "amd64")
         ]
         nested = {"schemaVersion": 2, "mediaType": _OCI_INDEX, "manifests": manifests}
         top = [add_blob(_json(nested), _OCI_INDEX, annotations=ref)]
@@ -247,14 +254,18 @@ def make_oci_layout(
     *,
     multi_arch: bool = False,
     gzip_extra: bool = True,
+    architectures: Sequence[str] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> Path:
     """An OCI image layout directory (oci-layout, index.json, blobs/sha256/...).
 
     ``multi_arch`` puts a nested index with arm64 and amd64 manifests behind index.json, each
-    with a final layer writing its architecture to ``etc/arch``. ``gzip_extra=False`` stores
-    extra layers as plain tars.
+    with a final layer writing its architecture to ``etc/arch``; ``architectures`` names
+    other ones for that index. ``gzip_extra=False`` stores extra layers as plain tars.
+    ``config`` is the image config's ``config`` (Env, Cmd, WorkingDir, ...).
     """
-    for name, data in _oci_files(rootfs, extra_layers, multi_arch, gzip_extra).items():
+    files = _oci_files(rootfs, extra_layers, multi_arch, gzip_extra, architectures, config)
+    for name, data in files.items():
         path = dest_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)

@@ -211,7 +211,7 @@ def test_concurrent_threads_unpack_once(
     assert len({r.rootfs for r in results}) == 1
     assert len(calls) == 1  # one layer, applied once
     entry = results[0].rootfs.parent  # type: ignore[union-attr]
-    assert [p.name for p in entry.iterdir()] == ["rootfs"]
+    assert sorted(p.name for p in entry.iterdir()) == ["image.json", "rootfs"]
 
 
 def test_concurrent_processes_unpack_once(store: ImageStore, busybox: Path, tmp_path: Path) -> None:
@@ -239,7 +239,7 @@ def test_concurrent_processes_unpack_once(store: ImageStore, busybox: Path, tmp_
     assert len(outputs) == 1
     rootfs = Path(outputs.pop())
     assert store.cached() == [rootfs]
-    assert [p.name for p in rootfs.parent.iterdir()] == ["rootfs"]
+    assert sorted(p.name for p in rootfs.parent.iterdir()) == ["image.json", "rootfs"]
     _assert_busybox_runs(rootfs)
 
 

@@ -3,6 +3,7 @@ ones are also `orchard serve` options (API keys also come from ORCHARD_API_KEYS)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import platformdirs
@@ -14,32 +15,14 @@ from orchard.env.agent.client import (
     AgentLimits,
 )
 from orchard.env.backends.kubernetes.config import KubernetesConfig
+from orchard.env.images_config import ImagesConfig, RegistryCredentials
 from orchard.http_guard import LOOPBACK_HOSTS, host_patterns, origin_patterns
+
+__all__ = ["ImagesConfig", "RegistryCredentials", "Settings", "default_data_dir"]
 
 
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("orchard"))
-
-
-class ImagesConfig(BaseModel):
-    """Where the local backend takes images from: the `images:` section of the config."""
-
-    dir: Path | None = Field(
-        None, description="Where to put rootfs dirs, OCI layouts and archives; always "
-        "allowed. Default <data_dir>/images (for an embedded orchestrator on a private data "
-        "dir, the default data dir's).")
-    allowed_paths: list[Path] = Field(
-        default_factory=list, description="More directories whose contents may be images "
-        "(after symlinks are resolved); never inside the data dir or cache dir.")
-
-    @field_validator("dir", "allowed_paths")
-    @classmethod
-    def _absolute(cls, value: Path | list[Path] | None) -> Path | list[Path] | None:
-        for path in value if isinstance(value, list) else [value]:
-            if path is not None and not path.is_absolute():
-                raise ValueError(f"{path} is not an absolute path; image directories are "
-                                 "paths on the orchestrator's machine, give them in full")
-        return value
 
 
 class Settings(BaseModel):
@@ -148,6 +131,14 @@ class Settings(BaseModel):
 
     def state_url(self) -> str:
         return self.state or f"sqlite:///{self.data_dir / 'state.db'}"
+
+    def docker_config(self) -> Path | None:
+        """The docker config.json that logs in to registries, if there is one."""
+        if self.images.docker_config is not None:
+            return self.images.docker_config
+        base = os.environ.get("DOCKER_CONFIG")
+        path = Path(base) / "config.json" if base else Path.home() / ".docker" / "config.json"
+        return path if path.is_file() else None
 
     def image_dir(self) -> Path:
         return self.images.dir or self.data_dir / "images"

@@ -36,6 +36,12 @@ class BadRequest(ServiceError):
     status = 400
 
 
+class Unauthorized(ServiceError):
+    """A registry refused our credentials for an image (not the API key: see auth.py)."""
+
+    status = 401
+
+
 class Forbidden(ServiceError):
     """Refused by the orchestrator's configuration (not by the API key: see auth.py)."""
 
@@ -58,6 +64,23 @@ class TooLarge(ServiceError):
     status = 413
 
 
+class Unprocessable(ServiceError):
+    """The request names something that cannot be used as it is (an image with no manifest
+    for this platform, or whose content does not match its digest)."""
+
+    status = 422
+
+
+class BadGateway(ServiceError):
+    """A server we depend on (an image registry) failed or could not be reached."""
+
+    status = 502
+
+
+class InsufficientStorage(ServiceError):
+    status = 507
+
+
 class Overloaded(ServiceError):
     status = 503
 
@@ -74,6 +97,16 @@ class BadAgentAnswer(ServiceError):
 
 class AgentTimedOut(ServiceError):
     status = 504
+
+
+_BY_STATUS: dict[int, type[ServiceError]] = {
+    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
+    422: Unprocessable, 502: BadGateway, 507: InsufficientStorage}
+
+
+def for_status(status: int, detail: str) -> ServiceError:
+    """The service error that answers with ``status`` (502 for one we have none for)."""
+    return _BY_STATUS.get(status, BadGateway)(detail)
 
 
 _AGENT_STATUS: dict[int, type[ServiceError]] = {

@@ -71,9 +71,10 @@ class _Strict(BaseModel):
 class CreateSandboxRequest(_Strict):
     image: str | None = Field(
         None,
-        description="'host' (read-only view of the host system; the default), a rootfs "
-        "directory, a docker-archive/oci-archive tarball or an OCI layout directory. With "
-        "from_snapshot: the snapshot's image (leave it out).",
+        description="'host' (read-only view of the host system; the default), a registry "
+        "reference (python:3.12-slim, ghcr.io/org/img:tag, name@sha256:...), or on the "
+        "server a rootfs directory, a docker-archive/oci-archive tarball or an OCI layout "
+        "directory. With from_snapshot: the snapshot's image (leave it out).",
         min_length=1,
         max_length=4096,
     )
@@ -176,6 +177,13 @@ class SandboxInfo(BaseModel):
     expires_at: datetime | None = None
     last_heartbeat: datetime | None = None
     error: str | None = None
+    image_error: str | None = Field(
+        None, description="Why its image could not be had, when that failed it: "
+        "digest_mismatch, disk_full, registry_unavailable, not_found, unauthorized, "
+        "no_platform, bad_image.")
+    progress: str | None = Field(
+        None, description="What a pending sandbox is waiting for, e.g. its image's pull: "
+        "'pulling python:3.12-slim: 12.3/45.6 MB, 1/3 layers'.")
     limits: dict[str, LimitReport] = Field(default_factory=dict)
     backend: str = "local"
     exclusive_exec: bool = False
@@ -191,8 +199,11 @@ class SandboxInfo(BaseModel):
     def ready(self) -> bool:
         return self.status == SandboxStatus.running
 
-    @computed_field(description="Why it failed or was deleted; the same as 'error'.")
+    @computed_field(description="Why it failed or was deleted (the same as 'error'); while "
+                    "pending, what it waits for (its 'progress').")
     def status_message(self) -> str | None:
+        if self.error is None and self.status == SandboxStatus.pending:
+            return self.progress
         return self.error
 
 

@@ -46,7 +46,8 @@ def make_backend(settings: Settings, embedded: bool = False) -> Backend:
                             allow_io_uring=settings.allow_io_uring,
                             image_dir=settings.image_dir(),
                             image_paths=settings.images.allowed_paths,
-                            private_dirs=[settings.data_dir])
+                            private_dirs=[settings.data_dir], images=settings.images,
+                            docker_config=settings.docker_config())
     if settings.backend == "kubernetes":
         from orchard.env.backends.kubernetes import KubernetesBackend
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from orchard.env.errors import OrchestratorError
+from orchard.env.image_schema import ImageInfo, ImageList, ImagesRemoved
 from orchard.env.schema import LimitReport
 
 
@@ -52,6 +54,15 @@ class SnapshotMade:
     size_bytes: int  # bytes on disk of what this snapshot adds (not its parents or image)
 
 
+class ImageUnavailable(BackendError):
+    """The sandbox's image cannot be had; ``kind`` says why (an ``ImageErrorKind`` of
+    orchard.env.image_schema: not_found, unauthorized, digest_mismatch, disk_full, ...)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class SpecRejected(OrchestratorError, ValueError):
     """The backend cannot run this spec (e.g. an image it cannot resolve); says what to change."""
 
@@ -75,9 +86,37 @@ class SandboxHandle:
     token: str | None = None  # sent as X-Agent-Token
 
 
+class ImageCache(Protocol):
+    """Images the backend pulls and keeps itself (the local backend); a backend whose
+    platform pulls them (Kubernetes: the kubelet) has none.
+
+    Raises ImageUnavailable (its kind says why) and ImageInUse (``remove`` of an image a
+    sandbox runs on)."""
+
+    async def check(self, image: str) -> None:
+        """Before a sandbox is recorded: the image can be had (a registry image's manifest
+        for this platform, with these credentials), so a create fails at once if not."""
+        ...
+
+    async def pull(self, image: str, report: Callable[[str], Awaitable[None]] | None = None,
+                   refresh: bool = False) -> Any:
+        """Have the image in the cache (pulled once, whoever asks), telling ``report`` how
+        the pull goes; ``refresh`` asks the registry again what a tag names."""
+        ...
+
+    def list(self) -> ImageList: ...
+
+    def find(self, name: str) -> ImageInfo: ...
+
+    def remove(self, name: str) -> ImagesRemoved: ...
+
+    def prune(self) -> ImagesRemoved: ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str
+    image_cache: ImageCache | None
 
     @property
     def namespace(self) -> str | None:

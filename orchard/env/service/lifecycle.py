@@ -13,20 +13,31 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from orchard.env.agent.client import AgentClient
 from orchard.env.backends.base import (
     Backend,
     BackendError,
+    ImageUnavailable,
     SandboxHandle,
     SandboxSpec,
     SpecForbidden,
     SpecRejected,
 )
 from orchard.env.config import Settings
-from orchard.env.errors import BadRequest, Conflict, Forbidden, NotFound, Overloaded, WaitTimedOut
+from orchard.env.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    Overloaded,
+    WaitTimedOut,
+    for_status,
+)
 from orchard.env.events import EventLog
+from orchard.env.image_schema import IMAGE_ERROR_STATUS
 from orchard.env.metrics import Metrics
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.schema import (
@@ -44,6 +55,8 @@ log = logging.getLogger("orchard.env")
 
 # How long a request to a sandbox that is still starting waits for it.
 PENDING_REQUEST_WAIT = 15.0
+# A pending sandbox's progress (its image's pull) is written to its record at most this often.
+PROGRESS_INTERVAL = 0.5
 
 
 class SnapshotSource(Protocol):
@@ -72,7 +85,8 @@ class Lifecycle:
         self._launch_slots = asyncio.Semaphore(settings.max_concurrent_creates)
 
     async def _fail(self, sid: str, reason: str,
-                    only_if: tuple[SandboxStatus, ...] = LIVE) -> None:
+                    only_if: tuple[SandboxStatus, ...] = LIVE,
+                    image_error: str | None = None) -> None:
         changed = False
 
         def change(rec: SandboxInfo) -> bool:
@@ -80,6 +94,7 @@ class Lifecycle:
             if rec.status not in only_if:
                 return False
             rec.status, rec.error = SandboxStatus.failed, reason
+            rec.image_error = image_error
             changed = True
             return True
 
@@ -128,6 +143,7 @@ class Lifecycle:
                              "after the delay in Retry-After", 1)
         if sid in self._teardowns:
             raise Overloaded(f"sandbox {sid} is still being torn down; retry shortly", 1)
+        await self._check_image(image)
         now = time.time()
         rec = SandboxInfo(
             sandbox_id=sid, status=SandboxStatus.pending, image=image,
@@ -151,14 +167,53 @@ class Lifecycle:
         self._launches[sid] = asyncio.create_task(self._launch(spec))
         return rec
 
+    async def _check_image(self, image: str) -> None:
+        """Fail the create itself when its image cannot be had (unknown, refused, not for
+        this platform, registry down), before anything is recorded."""
+        if self.backend.image_cache is None:
+            return
+        try:
+            await self.backend.image_cache.check(image)
+        except ImageUnavailable as e:
+            raise for_status(IMAGE_ERROR_STATUS.get(e.kind, 502), str(e)) from None
+
+    def _reporter(self, sid: str) -> Callable[[str], Awaitable[None]]:
+        """Writes a pending sandbox's progress to its record, at most every
+        PROGRESS_INTERVAL, and at once when a new stage (pulling, unpacking) begins."""
+        last, stage = 0.0, ""
+
+        async def report(message: str) -> None:
+            nonlocal last, stage
+            now, new_stage = time.monotonic(), message.split(" ", 1)[0]
+            if now - last < PROGRESS_INTERVAL and new_stage == stage:
+                return
+            last, stage = now, new_stage
+
+            def change(rec: SandboxInfo) -> bool:
+                if rec.status != SandboxStatus.pending:
+                    return False
+                rec.progress = message
+                return True
+
+            await self.records.update(sid, change)
+
+        return report
+
     async def _launch(self, spec: SandboxSpec) -> None:
         sid = spec.sandbox_id
         t0 = time.perf_counter()
         try:
+            if self.backend.image_cache is not None:
+                # Outside the launch slots: a long pull must not hold up other creates.
+                await self.backend.image_cache.pull(spec.image, self._reporter(sid))
             async with self._launch_slots:
                 handle = await self.backend.create(spec)
         except asyncio.CancelledError:
             raise  # a delete cancelled us and already recorded it
+        except ImageUnavailable as e:
+            self.metrics.creates.labels("failed").inc()
+            await self._fail(sid, str(e), image_error=e.kind)
+            return
         except Exception as e:  # noqa: BLE001 - any failure becomes the record's error
             self.metrics.creates.labels("failed").inc()
             await self._fail(sid, str(e) if isinstance(e, BackendError)

@@ -31,6 +31,7 @@ def became_ready(limits: dict[str, LimitReport]) -> Callable[[SandboxInfo], bool
         if rec.status != SandboxStatus.pending:
             return False
         rec.status, rec.ready_at, rec.limits = SandboxStatus.running, utc_time(), limits
+        rec.progress = None
         return True
     return change
 

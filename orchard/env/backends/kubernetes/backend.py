@@ -99,6 +99,7 @@ def pod_problem(pod: Pod | None) -> str | None:
 
 class KubernetesBackend:
     name = "kubernetes"
+    image_cache = None  # the kubelet pulls images, by its own cache and credentials
 
     def __init__(self, config: KubernetesConfig, model_proxy: str | None = None,
                  agent_limits: AgentLimits | None = None) -> None:

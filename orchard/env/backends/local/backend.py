@@ -47,7 +47,15 @@ from orchard.env.backends.base import (
 )
 from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
-from orchard.env.backends.local.images import ImageError, ImageForbidden, ImageStore
+from orchard.env.backends.local.image_cache import RegistryImages
+from orchard.env.backends.local.image_pull import Skopeo
+from orchard.env.backends.local.image_refs import is_registry_ref, parse_ref
+from orchard.env.backends.local.images import (
+    ImageError,
+    ImageForbidden,
+    ImageStore,
+    ResolvedImage,
+)
 from orchard.env.backends.local.launch import (
     CTL_MOUNT,
     USER_PATH,
@@ -61,6 +69,7 @@ from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.backends.local.snapshots import SnapshotLayers
 from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of, zygote_userns
 from orchard.env.datadir import private_dir
+from orchard.env.images_config import ImagesConfig
 from orchard.env.schema import LimitReport
 
 log = logging.getLogger("orchard.env")
@@ -78,9 +87,11 @@ class LocalBackend:
                  die_with_orchestrator: bool = False, model_proxy: str | None = None,
                  cache_dir: Path | None = None, egress_refresh: float = 30.0,
                  allow_io_uring: bool = False, image_dir: Path | None = None,
-                 image_paths: Sequence[Path] = (), private_dirs: Sequence[Path] = ()) -> None:
+                 image_paths: Sequence[Path] = (), private_dirs: Sequence[Path] = (),
+                 images: ImagesConfig | None = None, docker_config: Path | None = None) -> None:
         """``image_dir`` and ``image_paths`` are where image paths may lie besides the
-        unpacked-image cache; never in ``data_dir``, the cache dir or ``private_dirs``."""
+        unpacked-image cache; never in ``data_dir``, the cache dir or ``private_dirs``.
+        ``images`` says how to reach registries (auth, mirrors, the cache's cap)."""
         if os.geteuid() != 0:
             raise BackendError(
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
@@ -117,6 +128,10 @@ class LocalBackend:
             image_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.images = ImageStore(cache / "images", image_dir, image_paths,
                                  private=(data_dir, cache, *private_dirs))
+        images = images or ImagesConfig()
+        self.image_cache = RegistryImages(
+            self.images, Skopeo(images, docker_config, data_dir / "registry"),
+            images.max_cache_bytes)
         # Built on the first browser action (see prepare_browser), seen live by every sandbox.
         browser = cache / "browser"
         browser.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -171,6 +186,9 @@ class LocalBackend:
         if spec.image == "host":
             return
         try:
+            if is_registry_ref(spec.image):
+                parse_ref(spec.image)
+                return
             self.images.confine(spec.image)
         except ImageForbidden as e:
             raise SpecForbidden(str(e)) from None
@@ -179,11 +197,15 @@ class LocalBackend:
 
     # --- create -------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+    async def _resolve(self, spec: SandboxSpec) -> ResolvedImage:
         try:
-            image = await asyncio.to_thread(self.images.resolve, spec.image)
+            pulled = await self.image_cache.pull(spec.image)
+            return pulled or await asyncio.to_thread(self.images.resolve, spec.image)
         except ImageError as e:
             raise BackendError(str(e)) from None
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        image = await self._resolve(spec)
         sdir = self._dir(spec.sandbox_id)
         sock = self.socket_path(spec.sandbox_id)
         if len(os.fsencode(sock)) > _MAX_UNIX_PATH:
@@ -200,6 +222,14 @@ class LocalBackend:
         sdir.chmod(0o700)
         # Host root's, and read-only inside: the sandbox cannot replace what is in it.
         (sdir / "ctl").chmod(0o755)
+        if image.digest is not None and await asyncio.to_thread(
+                self.images.claim, image.digest, sdir) is None:
+            # Evicted between the pull and now: once more, then it is there.
+            image = await self._resolve(spec)
+            if image.digest is None or self.images.claim(image.digest, sdir) is None:
+                shutil.rmtree(sdir, ignore_errors=True)
+                raise BackendError(f"image {spec.image} was removed from the cache while "
+                                   "the sandbox started; create it again")
         try:
             limits = self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
         except (ValueError, CgroupError) as e:
@@ -251,7 +281,7 @@ class LocalBackend:
             record_launcher(sdir, proc.pid)
             if not spec.block_network:
                 await self._attach_network(spec, holder, net_r)
-            await self._fork_agent(spec, holder, token)
+            await self._fork_agent(spec, holder, token, image)
         except quota.QuotaError as e:
             await self.delete(spec.sandbox_id)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
@@ -308,14 +338,17 @@ class LocalBackend:
             raise BackendError(f"sandbox {sdir.name}: {e}") from None
         return uid, userns_fd, lower_fds
 
-    def _agent_env(self, spec: SandboxSpec) -> dict[str, str]:
+    def _agent_env(self, spec: SandboxSpec, image: ResolvedImage) -> dict[str, str]:
+        # The image's Env (PATH above all) over our defaults; the create's env over both.
+        from_image = image.config.env_dict() if image.config is not None else {}
         return {"PATH": USER_PATH, "HOME": "/root", "LANG": "C.UTF-8",
-                "HOSTNAME": spec.sandbox_id[:63], **spec.env}
+                "HOSTNAME": spec.sandbox_id[:63], **from_image, **spec.env}
 
-    async def _fork_agent(self, spec: SandboxSpec, holder: int, token: str) -> None:
+    async def _fork_agent(self, spec: SandboxSpec, holder: int, token: str,
+                          image: ResolvedImage) -> None:
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
         request = {
-            "holder": holder, "env": self._agent_env(spec),
+            "holder": holder, "env": self._agent_env(spec, image),
             "procs": [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)],
             # Bound by the zygote on the host, in a dir only host root may write: no path
             # that sandbox code controls is ever on the way to the agent.
@@ -450,6 +483,7 @@ class LocalBackend:
         await asyncio.to_thread(self.cgroups.thaw, sandbox_id)
 
     async def close(self) -> None:
+        await self.image_cache.close()
         self.egress.stop()
         self.relays.close_all()
         self._teardown_pool.shutdown(wait=True)

@@ -149,6 +149,7 @@ class Layer:
 class Plan:
     digest: str  # cache key: manifest digest (OCI) or config digest (docker-archive)
     layers: list[Layer]
+    config: Any = None  # the image config blob, parsed (architecture, config.Env, ...)
 
 
 def read_plan(source: Source) -> Plan:
@@ -245,8 +246,14 @@ def _plan_oci(source: Source) -> Plan:
     layers = doc.get("layers") if isinstance(doc, dict) else None
     if not isinstance(layers, list) or not all(isinstance(d, dict) for d in layers):
         raise ImageError(f"{source.label}: manifest {digest} has no 'layers'; re-export the image")
+    config_desc = doc.get("config")
+    config = None
+    if isinstance(config_desc, dict) and config_desc.get("digest"):
+        name = _blob_name(config_desc["digest"], source.label)
+        config = _read_json(source, name, _read_blob(source, config_desc["digest"]))
     return Plan(
         digest=digest,
+        config=config,
         layers=[
             Layer(
                 name=_blob_name(d.get("digest"), source.label),
@@ -296,4 +303,4 @@ def _plan_docker(source: Source) -> Plan:
         named = f"{parts[1]}:{parts[2]}" if len(parts) == 3 and parts[0] == "blobs" else ""
         blob_digest = named if _DIGEST_RE.match(named) else None
         layers.append(Layer(name=name, blob_digest=blob_digest, diff_id=diff_id))
-    return Plan(digest=digest, layers=layers)
+    return Plan(digest=digest, layers=layers, config=config)
