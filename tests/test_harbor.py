@@ -18,11 +18,10 @@ from orchard.cli import app
 from orchard.domains import resolve
 from orchard.domains.harbor import HarborTask, load_harbor_tasks, read_task, validate_harbor
 from orchard.env.client import SandboxClient
-from orchard.integrations.harbor import built_image_name, content_hash
+from orchard.tasks.images import ImageBuild
 from orchard.tasks import TaskLoadError
 from tests.conftest import dies_with_the_tests, needs_root
 from tests.harbor_tasks import write_dataset, write_task
-from tests.image_fixtures import make_busybox_rootfs
 
 ROOT = Path(__file__).resolve().parent.parent
 HARBOR = ROOT / ".venv-harbor" / "bin" / "harbor"
@@ -58,13 +57,15 @@ def rewards(trials: dict[str, dict]) -> dict[str, float | None]:
 
 
 @pytest.fixture(scope="module")
-def base_image(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(make_busybox_rootfs(tmp_path_factory.mktemp("harbor-image") / "busybox"))
+def base_image(busybox_image: str) -> str:
+    """An image in the test registry on loopback (tests/registry.py)."""
+    return busybox_image
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory, base_image: str) -> Path:
-    return write_dataset(tmp_path_factory.mktemp("harbor-dataset"), base_image, build=False)
+    """Three tasks whose environment/Dockerfile is FROM the registry's image."""
+    return write_dataset(tmp_path_factory.mktemp("harbor-dataset"), base_image, build=True)
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +111,8 @@ def test_orchard_tasks_validate_agrees_with_harbor(dataset: Path, orchestrator: 
 @needs_root
 def test_the_sandbox_gets_the_task_s_limits_and_network(tmp_path: Path, base_image: str,
                                                         orchestrator: str) -> None:
-    """cpus, memory_mb, storage_mb and an allow-list become the sandbox's; --no-delete keeps
-    it for a look."""
+    """A task naming a registry image (no Dockerfile): cpus, memory_mb, storage_mb and an
+    allow-list become the sandbox's; --no-delete keeps it for a look."""
     task = write_task(tmp_path / "ds", "sized", "tree", base_image, build=False)
     toml = (task / "task.toml").read_text().replace(
         'network_mode = "no-network"\n',
@@ -164,22 +165,11 @@ def test_a_harbor_dataset_is_the_harbor_domain_s(tmp_path: Path) -> None:
     assert [t.instance_id for t in tasks] == ["task-00", "task-01"]
     task = tasks[0]
     assert isinstance(task, HarborTask) and task.build and task.network_mode == "no-network"
-    assert task.image == built_image_name("task-00", task.environment_dir)
-    assert task.image.startswith("harbor/task-00:")
+    assert task.image == "harbor/task-00"
     spec = task.sandbox_spec()
-    assert (spec.image, spec.block_network, spec.served) == (task.image, True, True)
+    assert spec.image == ImageBuild(build=task.environment_dir, tag="harbor/task-00")
+    assert (spec.block_network, spec.served) == (True, True)
     assert task.budget.wall_time == 120 and task.verifier_timeout == 120
-
-
-def test_the_built_image_name_follows_the_environment_s_content(tmp_path: Path) -> None:
-    env = write_task(tmp_path, "t", "tree", "/images/base", build=True) / "environment"
-    before = content_hash(env)
-    (env / "data.txt").chmod(0o755)
-    assert content_hash(env) != before
-    (env / "data.txt").chmod(0o644)
-    assert content_hash(env) == before
-    (env / "data.txt").write_text("changed\n")
-    assert content_hash(env) != before
 
 
 @pytest.mark.parametrize(("edit", "error"), [

@@ -17,7 +17,6 @@ from pydantic import ConfigDict, Field
 
 from orchard.domains.harbor.task import HarborTask, resolve_env
 from orchard.env.client import NotFoundError, Sandbox, SandboxClient
-from orchard.integrations.harbor.images import ensure_image_sync
 from orchard.tasks.protocol import Grade, TaskSetupError
 from orchard.tasks.served import GoldFailed, ServedOutcome, ServedTaskCheck, validate_served
 
@@ -141,14 +140,7 @@ def _read_rewards(sandbox: Sandbox) -> dict[str, float] | None:
 def validate_harbor(client: SandboxClient, task: HarborTask, *,
                     labels: dict[str, str] | None = None) -> HarborTaskCheck:
     """The oracle solution earns reward 1 and doing nothing does not, each in a fresh sandbox
-    of the task's image (its Dockerfile built first, once per content)."""
-    try:
-        ensure_image_sync(client, task.environment_dir, task.image, build=task.build,
-                          timeout=task.build_timeout)
-    except Exception as e:  # noqa: BLE001 - any build failure is the task's problem to report
-        return HarborTaskCheck(instance_id=task.instance_id, ok=False,
-                               problems=[f"its environment did not build: {e}"])
-
+    of the task's image (a Dockerfile is built before each; the second build is cached)."""
     def start(sb: Sandbox) -> str | None:
         try:
             set_up(sb, task)

@@ -23,11 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchard.integrations.harbor.images import (
-    COMPOSE_FILE,
-    built_image_name,
-    has_dockerfile,
-)
+from orchard.integrations.harbor.images import COMPOSE_FILE, has_dockerfile, image_name
+from orchard.tasks.images import ImageBuild
 from orchard.tasks.protocol import INSTANCE_ID_PATTERN, SandboxSpec, Submission, TaskLoadError
 
 if TYPE_CHECKING:
@@ -59,7 +56,7 @@ class HarborTask(BaseModel):
     path: str = Field(description="The task directory, absolute.")
     instruction: str = Field(min_length=1)
     image: str = Field(description="[environment] docker_image, or the name its Dockerfile "
-                       "is built under (harbor/<task>:<content hash>).")
+                       "is built under (harbor/<task>).")
     build: bool = Field(description="The image is built from environment/Dockerfile (when the "
                         "task names no docker_image).")
     network_mode: NetworkMode = "public"
@@ -72,7 +69,6 @@ class HarborTask(BaseModel):
     solution_env: dict[str, str] = Field(default_factory=dict)
     verifier_env: dict[str, str] = Field(default_factory=dict)
     verifier_timeout: float = 600.0
-    build_timeout: float = 600.0
     budget: HarborBudget = Field(default_factory=HarborBudget)
     metadata: dict[str, Any] = Field(default_factory=dict)
     split: str | None = None
@@ -96,7 +92,11 @@ class HarborTask(BaseModel):
     def sandbox_spec(self) -> SandboxSpec:
         # An allow-list is Harbor's provider's to enforce (docs/guides/harbor.md); a sandbox
         # from this spec has the public network, as the task's sandbox spec has no egress.
-        return SandboxSpec(image=self.image, block_network=self.network_mode == "no-network",
+        # A Dockerfile is built (or found in the build cache) before each sandbox; its RUN steps
+        # have no network, as for any build that does not ask for it.
+        image = (ImageBuild(build=self.environment_dir, tag=self.image) if self.build
+                 else self.image)
+        return SandboxSpec(image=image, block_network=self.network_mode == "no-network",
                            env=resolve_env(self.env) or None, served=True)
 
     def set_up(self, sandbox: Sandbox) -> None:
@@ -167,7 +167,7 @@ def read_task(path: Path) -> HarborTask:
             instance_id=path.name, path=str(path.resolve()),
             instruction=(path / "instruction.md").read_text(),
             # Harbor too prefers a named image to building the Dockerfile beside it.
-            image=docker_image or built_image_name(path.name, env_dir),
+            image=docker_image or image_name(path.name),
             build=not docker_image, network_mode=network or "public",
             allowed_hosts=environment.get("allowed_hosts") or [],
             cpus=environment.get("cpus"), memory_mb=environment.get("memory_mb"),
@@ -175,7 +175,6 @@ def read_task(path: Path) -> HarborTask:
             env=environment.get("env", {}), solution_env=config.get("solution", {}).get("env", {}),
             verifier_env=verifier.get("env", {}),
             verifier_timeout=verifier.get("timeout_sec", 600.0),
-            build_timeout=environment.get("build_timeout_sec", 600.0),
             budget=HarborBudget(wall_time=agent.get("timeout_sec") or 600.0),
             metadata=config.get("metadata", {}))
     except ValueError as e:  # pydantic's, with the field that is wrong

@@ -1,15 +1,8 @@
 """Harbor on Orchard: the environment provider Harbor's CLI loads
 (``orchard.integrations.harbor.environment:OrchardEnvironment``, which needs the ``harbor``
-extra and is not imported here), and what Harbor tasks need from the SDK: their sandbox image,
-a Dockerfile built once per content."""
+extra and is not imported here), and a Harbor task's image: a name, or its Dockerfile built
+by Orchard's builder."""
 
-from orchard.integrations.harbor.images import (
-    built_image_name,
-    content_hash,
-    ensure_image,
-    ensure_image_sync,
-    has_dockerfile,
-)
+from orchard.integrations.harbor.images import build_environment, has_dockerfile, image_name
 
-__all__ = ["built_image_name", "content_hash", "ensure_image", "ensure_image_sync",
-           "has_dockerfile"]
+__all__ = ["build_environment", "has_dockerfile", "image_name"]

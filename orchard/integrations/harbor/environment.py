@@ -7,7 +7,9 @@ sandbox, on whichever backend the orchestrator runs (local namespaces or Kuberne
 
 The orchestrator is ``orchard_url`` (else ``ORCHARD_URL``), its key ``orchard_api_key`` (else
 ``ORCHARD_API_KEY``). A task's environment/Dockerfile is built by Orchard's Dockerfile builder
-(once per content: ``harbor/<task>:<hash>``); a task's ``docker_image`` is used by name. The
+as ``harbor/<task>`` (its step cache makes a rebuild of unchanged files run nothing; RUN steps
+reach the network only with ``--ek build_network=true``); a task's ``docker_image`` is used by
+name (a registry reference, pulled once). The
 task's cpus, memory_mb and storage_mb become the sandbox's limits; its network policy becomes
 no network, the public internet, or an egress allow-list. Needs orchard's ``harbor`` extra.
 """
@@ -37,9 +39,9 @@ from orchard.env.client import AsyncSandbox, AsyncSandboxClient
 from orchard.env.client.base import resolve_config
 from orchard.integrations.harbor.images import (
     COMPOSE_FILE,
-    built_image_name,
-    ensure_image,
+    build_environment,
     has_dockerfile,
+    image_name,
 )
 
 # Orchard's longest exec; Harbor bounds its phases itself (it cancels the await).
@@ -55,12 +57,15 @@ class OrchardEnvironment(BaseEnvironment):
                  trial_paths: Any, task_env_config: Any, *args: Any,
                  orchard_url: str | None = None, orchard_api_key: str | None = None,
                  ttl: float | None = None, ready_timeout: float = 120.0,
-                 **kwargs: Any) -> None:
+                 build_network: bool | str = False, **kwargs: Any) -> None:
         super().__init__(environment_dir, environment_name, session_id, trial_paths,
                          task_env_config, *args, **kwargs)
         self._url, self._api_key = resolve_config(orchard_url, orchard_api_key)
         self._ttl = float(ttl) if ttl is not None else None
         self._ready_timeout = float(ready_timeout)
+        # --ek values arrive as text. Docker builds with the network on; Orchard's RUN steps
+        # have none unless asked, as for any sandbox.
+        self._build_network = str(build_network).lower() in ("true", "1", "yes")
         self._client: AsyncSandboxClient | None = None
         self._sandbox: AsyncSandbox | None = None
 
@@ -106,9 +111,10 @@ class OrchardEnvironment(BaseEnvironment):
         image = self.task_env_config.docker_image
         if not should_use_prebuilt_docker_image(self.environment_dir, docker_image=image,
                                                 force_build=force_build):
-            image = built_image_name(self.environment_name, self.environment_dir)
-            await ensure_image(self._client, self.environment_dir, image, force=force_build,
-                               timeout=self.task_env_config.build_timeout_sec)
+            image = await build_environment(
+                self._client, self.environment_dir, image_name(self.environment_name),
+                force=force_build, network=self._build_network,
+                step_timeout=self.task_env_config.build_timeout_sec)
         self._sandbox = await self._client.create_sandbox(
             image, **self._sandbox_options(self.network_policy), env=self._startup_env(),
             labels={"harbor.session": self.session_id[:63]}, ttl=self._ttl,
