@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,12 @@ from orchard.cli import app
 from orchard.domains import resolve
 from orchard.domains.harbor import HarborTask, load_harbor_tasks, read_task, validate_harbor
 from orchard.env.client import SandboxClient
-from orchard.tasks.images import ImageBuild
 from orchard.tasks import TaskLoadError
-from tests.conftest import dies_with_the_tests, needs_root
+from orchard.tasks.images import ImageBuild
+from tests.conftest import dedicated_orchestrator, dies_with_the_tests, kube_settings, needs_root
+from tests.fakekube.cluster import FakeCluster
 from tests.harbor_tasks import write_dataset, write_task
+from tests.image_fixtures import make_busybox_rootfs
 
 ROOT = Path(__file__).resolve().parent.parent
 HARBOR = ROOT / ".venv-harbor" / "bin" / "harbor"
@@ -132,6 +136,28 @@ def test_the_sandbox_gets_the_task_s_limits_and_network(tmp_path: Path, base_ima
         finally:
             for s in kept:
                 client.delete_sandbox(s.sandbox_id)
+
+
+@needs_root
+def test_harbor_runs_on_the_kubernetes_backend(data_dir: Path, orchestrator: str,
+                                               tmp_path: Path) -> None:
+    """The same provider against an orchestrator on the Kubernetes backend (a fake cluster
+    whose kubelet runs each pod as a local sandbox of the image the pod names)."""
+    short = Path(tempfile.mkdtemp(prefix="/tmp/orc-k8s-hb-"))
+    (short / "kubelet").mkdir()
+    (short / "kubelet" / "bundle").symlink_to(data_dir / "local" / "bundle")
+    rootfs = make_busybox_rootfs(short / "kubelet" / "images" / "busybox")  # where it may be
+    dataset = write_dataset(tmp_path / "ds", "harbor-test/busybox:1", build=False, n=2)
+    try:
+        with FakeCluster(short, images={"harbor-test/busybox:1": str(rootfs)}) as cluster, \
+                dedicated_orchestrator(data_dir, **kube_settings(cluster)) as url:
+            trials = harbor_run(dataset, tmp_path / "jobs", url)
+            with SandboxClient(url) as client:
+                assert not client.list_sandboxes()
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert rewards(trials) == {"task-00": 1.0, "task-01": 1.0}
+    assert {t["exception_info"] for t in trials.values()} == {None}
 
 
 @needs_root
