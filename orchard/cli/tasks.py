@@ -25,7 +25,8 @@ app = typer.Typer()
 _Tasks = Annotated[str, typer.Argument(
     help="'bundled', 'humaneval', 'settings' and 'bugfix' (the generated SWE families), 'web' "
          "(the web tasks), 'web-live', 'assistant' (hand-written and generated assistant "
-         "tasks), or a .json/.jsonl/.parquet file, a saved dataset or a task directory.")]
+         "tasks), or a .json/.jsonl/.parquet file, a saved dataset, a task directory, or a "
+         "Harbor task or dataset directory (task.toml).")]
 _Split = Annotated[str | None, typer.Option(help="Keep only this split (train, test).",
                                             show_default=False)]
 _TaskIds = Annotated[list[str] | None, typer.Option(
@@ -75,7 +76,8 @@ def tasks_validate(
 ) -> None:
     """Check every task: the gold patch resolves it, and on the untouched repository its
     FAIL_TO_PASS tests fail and PASS_TO_PASS tests pass (web tasks: the gold run resolves it,
-    doing nothing does not). Exit 1 if any task is broken."""
+    doing nothing does not; Harbor tasks: the oracle solution earns reward 1, doing nothing
+    does not). Exit 1 if any task is broken."""
     def report(check: Any) -> None:
         if not json_:
             mark = "[green]ok[/]" if check.ok else "[red]BROKEN[/]"
