@@ -61,7 +61,8 @@ def test_unknown_harness_domain_and_demo_name_the_choices() -> None:
 
         demo_domain("x", {})
     assert set(harness_names()) == {"oracle", "teacher", "mini-swe-agent", "web-teacher",
-                                    "browser-agent", "assistant-teacher", "assistant"}
+                                    "browser-agent", "assistant-teacher", "assistant",
+                                    "harbor-oracle"}
     assert demo_names() == ["swe", "bugfix", "web", "assistant"]
 
 

@@ -113,6 +113,21 @@ def test_orchard_tasks_validate_agrees_with_harbor(dataset: Path, orchestrator: 
 
 
 @needs_root
+def test_orchard_eval_runs_the_oracle_harness(dataset: Path, orchestrator: str,
+                                              tmp_path: Path) -> None:
+    from orchard.eval import RolloutResult
+
+    result = CliRunner().invoke(app, ["eval", "--tasks", str(dataset), "--harness",
+                                      "harbor-oracle", "--out", str(tmp_path / "run"),
+                                      "--orchestrator", orchestrator])
+    assert result.exit_code == 0, result.output
+    rows = [RolloutResult.model_validate_json(line) for line in
+            (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted((r.instance_id, r.grade.reward, r.grade.resolved) for r in rows) == [
+        (f"task-0{i}", 1.0, True) for i in range(3)]
+
+
+@needs_root
 def test_the_sandbox_gets_the_task_s_limits_and_network(tmp_path: Path, base_image: str,
                                                         orchestrator: str) -> None:
     """A task naming a registry image (no Dockerfile): cpus, memory_mb, storage_mb and an

@@ -114,7 +114,8 @@ def eval_(
              "mini-swe-agent (needs --model-url and --model); for web tasks, web-teacher "
              "(the browser agent + scripted web teacher) or browser-agent (needs --model-url "
              "and --model); for assistant tasks, assistant-teacher or assistant (needs "
-             "--model-url and --model).")] = "oracle",
+             "--model-url and --model); for Harbor tasks, harbor-oracle (solve.sh).")
+    ] = "oracle",
     n: Annotated[int, typer.Option(min=1, help="Samples per task (pass@k needs k <= n).")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 2,
     model_url: Annotated[str | None, typer.Option(

@@ -1,12 +1,13 @@
-"""The Harbor domain, bundled: Harbor task directories and datasets as a task source,
-validation by the oracle solution, and the listing."""
+"""The Harbor domain, bundled: Harbor task directories and datasets as a task source, the
+oracle harness, validation by the oracle solution, and the listing."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
-from orchard.domains.domain import Domain, Listing, validate_each
+from orchard.domains.domain import Domain, HarnessOptions, Listing, validate_each
 from orchard.domains.harbor import load_harbor_tasks, task_dirs, validate_harbor
 from orchard.domains.harbor.task import HarborTask
 
@@ -26,6 +27,12 @@ class HarborSource:
         return [t for t in load_harbor_tasks(source, ids=ids) if split in (None, t.split)]
 
 
+def _oracle(tasks: Sequence[Any], options: HarnessOptions) -> Any:
+    from orchard.domains.harbor.harness import HarborOracleHarness
+
+    return HarborOracleHarness()
+
+
 def _row(t: HarborTask) -> tuple[str, ...]:
     first_line = t.instruction.strip().splitlines()[0] if t.instruction.strip() else ""
     return (t.instance_id, t.image + (" (Dockerfile)" if t.build else ""), t.network_mode,
@@ -33,7 +40,8 @@ def _row(t: HarborTask) -> tuple[str, ...]:
 
 
 HARBOR = Domain(
-    name="harbor", task_type=HarborTask, source=HarborSource(), harnesses={},
+    name="harbor", task_type=HarborTask, source=HarborSource(),
+    harnesses={"harbor-oracle": _oracle},
     validate=validate_each(validate_harbor),
     listing=Listing(("instance_id", "image", "network", "instruction"), _row,
                     frozenset({"instruction"})),
