@@ -51,7 +51,7 @@ def test_an_unknown_set_names_the_choices(tmp_path: Path) -> None:
 
 def test_unknown_harness_domain_and_demo_name_the_choices() -> None:
     with pytest.raises(ValueError, match="unknown harness 'x'; choose one of oracle, teacher, "
-                                         "mini-swe-agent, web-teacher"):
+                                         "mini-swe-agent, harbor-oracle, web-teacher"):
         make_harness("x", [])
     with pytest.raises(ValueError, match="no domain 'x'; the domains: assistant, web, harbor, "
                                          "swe"):
