@@ -21,6 +21,8 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "tasks": ("task sets and their grading", ("yaml", "datasets", "pyarrow", "swebench")),
     "train": ("the training recipes and charts",
               ("transformers", "datasets", "torch", "matplotlib")),
+    "openenv": ("task sets served as OpenEnv environments",
+                ("openenv", "fastapi", "uvicorn")),
     "harbor": ("Harbor's CLI and its Orchard provider (Python >= 3.12: `make harbor`)",
                ("harbor",)),
 }

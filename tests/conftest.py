@@ -23,6 +23,10 @@ from tests.fakekube.cluster import FakeCluster
 
 pytest_plugins = ["tests.redis_server", "tests.registry", "tests.leakcheck"]
 
+# litellm (under mini-swe-agent and Harbor) fetches its price list from the internet when it is
+# imported. Tests send nothing off the machine, whichever test imports it first.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None,
     reason="needs root and bubblewrap (CI runs as root: `make test` installs bubblewrap)",

@@ -52,7 +52,7 @@ def test_require_names_the_extra_and_the_missing_module() -> None:
 
 @pytest.mark.parametrize(("package", "extra"), [
     ("orchard.env.server", "server"), ("orchard.tasks", "tasks"),
-    ("orchard.eval", "rollout"), ("orchard.recipes", "train"),
+    ("orchard.eval", "rollout"), ("orchard.recipes", "train"), ("orchard.openenv", "openenv"),
     ("orchard.integrations.harbor.environment", "harbor"),
 ])
 def test_each_layer_checks_its_extra(package: str, extra: str) -> None:

@@ -489,7 +489,7 @@ def test_draw_chart(tmp_path: Path) -> None:
 
 
 def test_classify() -> None:
-    import litellm.exceptions  # after orchard.eval.runner: it keeps litellm offline
+    import litellm.exceptions  # offline: conftest sets LITELLM_LOCAL_MODEL_COST_MAP
 
     assert classify(TaskSetupError("pre_commands failed")) == "task"
     assert classify(ConnectError("x")) == "environment"

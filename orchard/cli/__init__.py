@@ -13,7 +13,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from orchard.cli import demo, rollout, sandbox, serve, snapshot, tasks, tour, trace
+from orchard.cli import demo, openenv, rollout, sandbox, serve, snapshot, tasks, tour, trace
 from orchard.cli._common import Connection
 from orchard.extras import MissingExtra
 
@@ -57,3 +57,4 @@ app.add_typer(tasks.tasks_app, name="tasks")
 app.add_typer(tasks.app)
 app.add_typer(demo.app)
 app.add_typer(tour.app)
+app.add_typer(openenv.app, name="openenv")

@@ -8,7 +8,7 @@ loop, harnesses, scripted teacher, Monte-Carlo continuation and demo adapter, bu
 - ``assistant``: requests over a seeded world of tools, the tool-calling assistant.
 """
 
-from orchard.domains.domain import Domain, HarnessOptions, Listing
+from orchard.domains.domain import Domain, Episodes, HarnessOptions, Listing, answer_submission
 from orchard.domains.registry import (
     DOMAINS,
     demo_domain,
@@ -23,6 +23,6 @@ from orchard.domains.registry import (
     task_set_names,
 )
 
-__all__ = ["DOMAINS", "Domain", "HarnessOptions", "Listing", "demo_domain", "demo_names",
-           "domain", "domain_of", "harness_names", "load_tasks", "make_harness", "resolve",
-           "run_demo", "task_set_names"]
+__all__ = ["DOMAINS", "Domain", "Episodes", "HarnessOptions", "Listing", "answer_submission",
+           "demo_domain", "demo_names", "domain", "domain_of", "harness_names", "load_tasks",
+           "make_harness", "resolve", "run_demo", "task_set_names"]

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orchard.env.client import SandboxClient
-from orchard.tasks.protocol import Task, TaskSource
+from orchard.env.client import Sandbox, SandboxClient
+from orchard.tasks.protocol import Submission, Task, TaskSource
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -54,6 +54,28 @@ class Listing:
     json_exclude: frozenset[str] = frozenset()
 
 
+def _default_workdir(task: Any) -> str | None:
+    return None
+
+
+def answer_submission(task: Any, sandbox: Sandbox, setup: Any, answer: str | None
+                      ) -> Submission:
+    """The answer, and the sandbox while it lives (a task graded in it judges it there)."""
+    return Submission(answer=answer, sandbox=sandbox)
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """How an agent outside Orchard works a task's sandbox (``orchard openenv serve``, an
+    ``orchard.openenv.EpisodeHooks``): where its commands run, what the sandbox hands in when
+    it submits, and the tools the sandbox serves, as an MCP session (None: it serves none)."""
+
+    workdir: Callable[[Any], str | None] = _default_workdir
+    submission: Callable[[Any, Sandbox, Any, str | None], Submission] = answer_submission
+    mcp: Callable[[Any], Any] | None = None
+    """(an ``AsyncSandbox``) -> an async context manager giving an initialized MCP session."""
+
+
 @dataclass(frozen=True)
 class Domain:
     """One domain: a task model, where its tasks come from, what runs them."""
@@ -70,6 +92,8 @@ class Domain:
     demos: Mapping[str, Callable[[dict[str, Any]], Any]]
     """Demo adapters by ``orchard demo --domain`` name: (agent config) -> a
     ``orchard.recipes.domains.DemoDomain``."""
+    episodes: Episodes = Episodes()
+    """Episodes driven from outside (OpenEnv): commands' workdir, submission, MCP tools."""
 
     def owns(self, task: Task) -> bool:
         return isinstance(task, self.task_type)

@@ -11,7 +11,7 @@ from typing import Any
 
 from orchard.domains.assistant import ASSISTANT_SETS, load_assistant_tasks, validate_assistant
 from orchard.domains.assistant.model import AssistantTask
-from orchard.domains.domain import Domain, HarnessOptions, Listing, validate_each
+from orchard.domains.domain import Domain, Episodes, HarnessOptions, Listing, validate_each
 
 
 class AssistantSource:
@@ -64,10 +64,17 @@ def _demo(agent_config: dict[str, Any]) -> Any:
     return AssistantFamily()
 
 
+def _mcp(sandbox: Any) -> Any:
+    from orchard.domains.assistant.mcp_client import mcp_session
+
+    return mcp_session(sandbox)
+
+
 ASSISTANT = Domain(
     name="assistant", task_type=AssistantTask, source=AssistantSource(),
     harnesses={"assistant-teacher": _assistant_teacher, "assistant": _assistant},
     validate=validate_each(validate_assistant),
     listing=Listing(("instance_id", "split", "checks", "rubric", "goal"), _row,
                     frozenset({"gold", "world"})),
-    demos={"assistant": _demo})
+    demos={"assistant": _demo},
+    episodes=Episodes(mcp=_mcp))

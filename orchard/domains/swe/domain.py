@@ -8,10 +8,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchard.domains.domain import Domain, HarnessOptions, Listing
+from orchard.domains.domain import Domain, Episodes, HarnessOptions, Listing
 from orchard.domains.swe.loaders import NAMED_SETS, load_tasks
 from orchard.domains.swe.model import SweTask
-from orchard.env.client import SandboxClient
+from orchard.env.client import Sandbox, SandboxClient
+from orchard.tasks.protocol import Submission
 
 
 class SweSource:
@@ -76,10 +77,22 @@ def _bugfix_demo(agent_config: dict[str, Any]) -> Any:
     return SweFamily(agent_config, bugfix_family)
 
 
+def _workdir(task: SweTask) -> str:
+    return task.workdir
+
+
+def _submission(task: SweTask, sandbox: Sandbox, setup: Any, answer: str | None) -> Submission:
+    """The workspace's diff against the base commit ``set_up`` made: what the runner grades."""
+    from orchard.domains.swe.workspace import workspace_patch
+
+    return Submission(patch=workspace_patch(sandbox, task, setup.base_commit), answer=answer)
+
+
 SWE = Domain(
     name="swe", task_type=SweTask, source=SweSource(),
     harnesses={"oracle": _oracle, "teacher": _teacher, "mini-swe-agent": _mini_swe_agent},
     validate=_validate,
     listing=Listing(("instance_id", "split", "kind", "F2P", "P2P", "image"), _row,
                     frozenset({"patch", "test_patch", "source"})),
-    demos={"swe": _settings_demo, "bugfix": _bugfix_demo})
+    demos={"swe": _settings_demo, "bugfix": _bugfix_demo},
+    episodes=Episodes(workdir=_workdir, submission=_submission))

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from orchard.domains.swe.model import SweTask
+from orchard.domains.swe.workspace import PatchUnreadable, workspace_patch
 from orchard.env.client import Sandbox
 from orchard.eval.harness import HarnessError, HarnessResult, RolloutContext, ScriptedTeacher
 from orchard.tasks.protocol import SUBMIT_COMMAND
 from orchard.testing.policies import stable_share
 
-PATCH_LIMIT = 8 << 20
 HARNESSES = ("oracle", "teacher", "mini-swe-agent")
 
 
@@ -27,15 +27,11 @@ def final_patch(ctx: RolloutContext, sandbox: Sandbox) -> str:
     """Everything changed in the workspace since the base commit, new files included."""
     task = _swe(ctx, "reading a patch")
     base = ctx.setup.base_commit if ctx.setup is not None else "HEAD"
-    with ctx.timed():
-        job = sandbox.exec(f"git add -A && git diff --cached --binary {base}",
-                           cwd=task.workdir, timeout=120, max_output_bytes=PATCH_LIMIT)
-    if not job.ok or job.stdout_dropped:
-        raise HarnessError(
-            f"could not read the patch from sandbox {sandbox.id}: "
-            + (f"it is over {PATCH_LIMIT} bytes" if job.stdout_dropped
-               else f"git exited {job.exit_code}: {job.stderr[-500:]}"))
-    return job.stdout
+    try:
+        with ctx.timed():
+            return workspace_patch(sandbox, task, base)
+    except PatchUnreadable as e:
+        raise HarnessError(str(e)) from None
 
 
 def _swe(ctx: RolloutContext, what: str) -> SweTask:

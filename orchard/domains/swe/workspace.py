@@ -128,3 +128,22 @@ def prepare_workspace(sandbox: Sandbox, task: SweTask) -> Workspace:
                 f"{done.exit_code}{', timed out' if done.timed_out else ''}); its output "
                 f"ends:\n{(done.stdout + done.stderr)[-1500:]}")
     return Workspace(base_commit=base, seconds=time.monotonic() - start)
+
+
+PATCH_LIMIT = 8 << 20
+
+
+class PatchUnreadable(RuntimeError):
+    """The workspace's diff could not be read; the message says why."""
+
+
+def workspace_patch(sandbox: Sandbox, task: SweTask, base: str = "HEAD") -> str:
+    """Everything changed in ``task.workdir`` since ``base``, new files included."""
+    job = sandbox.exec(f"git add -A && git diff --cached --binary {shlex.quote(base)}",
+                       cwd=task.workdir, timeout=120, max_output_bytes=PATCH_LIMIT)
+    if not job.ok or job.stdout_dropped:
+        raise PatchUnreadable(
+            f"could not read the patch from sandbox {sandbox.id}: "
+            + (f"it is over {PATCH_LIMIT} bytes" if job.stdout_dropped
+               else f"git exited {job.exit_code}: {job.stderr[-500:]}"))
+    return job.stdout
