@@ -45,8 +45,12 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def orchestrator(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of one orchestrator shared by the session (the bundle builds once). Tests
-    make their images in pytest's temp dirs, so those may hold images."""
-    images = {"allowed_paths": [tmp_path_factory.getbasetemp()]}
+    make their images in pytest's temp dirs, so those may hold images, and pull from
+    loopback registries only (tests/registry.py)."""
+    # Registry images only from loopback (the test registries): a name no test meant as one
+    # is refused (403) rather than looked up on Docker Hub.
+    images = {"allowed_paths": [tmp_path_factory.getbasetemp()],
+              "allowed_registries": ["127.0.0.1", "localhost"]}
     with EmbeddedOrchestrator(data_dir=data_dir, reconcile_interval=0.5, images=images) as url:
         yield url
 

@@ -17,6 +17,8 @@ Docker does.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -70,11 +72,31 @@ class Registry:
             check=True, capture_output=True, timeout=300)
         return ref
 
+    def _raw_manifest(self, name: str, tag: str) -> bytes:
+        creds = [f"--creds={u}:{p}" for u, p in list(self.users.items())[:1]]
+        return subprocess.run(
+            ["skopeo", "inspect", "--raw", "--tls-verify=false", *creds,
+             f"docker://{self.ref(name, tag)}"], check=True, capture_output=True,
+            timeout=60).stdout
+
+    def manifest(self, name: str, tag: str = "latest") -> dict[str, Any]:
+        """The manifest (or index) ``name:tag`` names."""
+        return json.loads(self._raw_manifest(name, tag))
+
+    def manifest_digest(self, name: str, tag: str = "latest") -> str:
+        return "sha256:" + hashlib.sha256(self._raw_manifest(name, tag)).hexdigest()
+
     def blob_data(self, digest: str) -> Path:
         """Where the registry keeps a blob's bytes (to tamper with it)."""
         algo, hexdigest = digest.split(":", 1)
         return (self.storage / "docker/registry/v2/blobs" / algo / hexdigest[:2] / hexdigest
                 / "data")
+
+    def blob_fetches(self, digest: str) -> int:
+        """How many times the blob was served (from the access log): a pull's count."""
+        log = (self.storage.parent / "registry.log").read_text(errors="replace")
+        return sum(1 for line in log.splitlines()
+                   if f"/blobs/{digest} " in line and '"GET ' in line and '" 200 ' in line)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -131,7 +153,7 @@ def running_registry(workdir: Path | None = None,
         # No blob-descriptor cache: a test that tampers with a blob on disk sees it served.
         config.write_text(
             "version: 0.1\n"
-            "log:\n  level: warn\n  accesslog:\n    disabled: true\n"
+            "log:\n  level: warn\n  accesslog:\n    disabled: false\n"
             f"storage:\n  filesystem:\n    rootdirectory: {storage}\n"
             "  delete:\n    enabled: true\n"
             "  maintenance:\n    uploadpurging:\n      enabled: false\n"

@@ -13,7 +13,18 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from orchard.cli import demo, openenv, rollout, sandbox, serve, snapshot, tasks, tour, trace
+from orchard.cli import (
+    demo,
+    image,
+    openenv,
+    rollout,
+    sandbox,
+    serve,
+    snapshot,
+    tasks,
+    tour,
+    trace,
+)
 from orchard.cli._common import Connection
 from orchard.extras import MissingExtra
 
@@ -50,6 +61,7 @@ def main(
 app.add_typer(serve.app)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(snapshot.app, name="snapshot")
+app.add_typer(image.app, name="image")
 app.add_typer(rollout.app, name="rollout")
 rollout.app.command("run", help="The rollout runner (same as `orchard eval`).")(tasks.eval_)
 app.add_typer(trace.app, name="trace")

@@ -11,6 +11,7 @@ import signal
 import sys
 import termios
 import threading
+import time
 import tty
 from pathlib import Path
 from typing import Annotated
@@ -18,13 +19,18 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from orchard.cli._common import delete_each, friendly_errors, parse_labels, stderr
-from orchard.env.client import OrchardError, PtySession
+from orchard.env.client import OrchardError, PtySession, Sandbox, WaitTimeout
+from orchard.env.client.base import DEFAULT_READY_TIMEOUT
+from orchard.env.schema import SandboxStatus
 
 app = typer.Typer(no_args_is_help=True, help="Create, use and delete sandboxes.")
 
+# How often a waiting create refreshes its progress display, seconds.
+_POLL_S = 0.5
 _REMOTE_PATH = re.compile(r"^(?P<id>[a-z0-9][a-z0-9-]{0,62}):(?P<path>.+)$")
 
 
@@ -33,7 +39,8 @@ _REMOTE_PATH = re.compile(r"^(?P<id>[a-z0-9][a-z0-9-]{0,62}):(?P<path>.+)$")
 def create(
     ctx: typer.Context,
     image: Annotated[str | None, typer.Argument(
-        help="'host' (the default), a rootfs dir or an image tarball.", show_default=False)
+        help="'host' (the default), a registry image (python:3.12-slim), or on the server a "
+             "rootfs dir or an image tarball.", show_default=False)
     ] = None,
     cpu: Annotated[str | None, typer.Option(help="CPU limit, e.g. 2 or 500m.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory limit, e.g. 512Mi.")] = None,
@@ -49,7 +56,7 @@ def create(
     from_snapshot: Annotated[str | None, typer.Option(
         help="Start from this snapshot's files (its image is the snapshot's).")] = None,
 ) -> None:
-    """Create a sandbox, wait until it is ready and print its id."""
+    """Create a sandbox, wait until it is ready (showing its image's pull) and print its id."""
     with ctx.obj.client() as client:
         sandbox = client.create_sandbox(
             image,
@@ -62,8 +69,37 @@ def create(
             ttl=ttl,
             timeout=timeout,
             from_snapshot=from_snapshot,
+            wait=False,
         )
+        try:
+            _wait_showing_progress(sandbox, timeout or DEFAULT_READY_TIMEOUT)
+        except (OrchardError, KeyboardInterrupt):
+            with contextlib.suppress(OrchardError):
+                client.delete_sandbox(sandbox.id)
+            raise
     typer.echo(sandbox.id)
+
+
+_MB = re.compile(r"([\d.]+)/([\d.]+) MB")
+
+
+def _wait_showing_progress(sandbox: Sandbox, timeout: float) -> None:
+    """Wait for the sandbox, with its status message (its image's pull: MB and layers) as a
+    progress bar on stderr; raises what wait_ready raises."""
+    deadline = time.monotonic() + timeout
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn())
+    with Progress(*columns, console=stderr, transient=True) as progress:
+        task = progress.add_task("starting", total=None)
+        while sandbox.info.status == SandboxStatus.pending and time.monotonic() < deadline:
+            message = sandbox.info.status_message or "starting"
+            sizes = _MB.search(message)
+            done, total = (float(sizes[1]), float(sizes[2])) if sizes else (0.0, None)
+            progress.update(task, description=escape(message), completed=done, total=total)
+            with contextlib.suppress(WaitTimeout):
+                sandbox.wait_ready(min(_POLL_S, max(deadline - time.monotonic(), 0.01)))
+                return
+            sandbox.refresh()
+    sandbox.wait_ready(max(deadline - time.monotonic(), 0.01))
 
 
 @app.command("ls")

@@ -12,7 +12,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchard.env.auth import check_key, given_key
 from orchard.env.errors import ServiceError, TooLarge
-from orchard.env.routes import browser, files, processes, sandboxes, services, snapshots, system
+from orchard.env.routes import (
+    browser,
+    files,
+    images,
+    processes,
+    sandboxes,
+    services,
+    snapshots,
+    system,
+)
 from orchard.env.routes import exec as exec_routes
 from orchard.env.routes.files import RAW_UPLOAD
 from orchard.env.service import SandboxService
@@ -106,4 +115,5 @@ def create_app(service: SandboxService, lifespan: Any = None) -> FastAPI:
     app.include_router(snapshots.router(service, secured))
     app.include_router(browser.router(ops, secured))
     app.include_router(services.router(ops, secured))
+    app.include_router(images.router(service, secured))
     return app

@@ -1,5 +1,6 @@
 """The wire contract of the image cache (GET /images and its kin), and :class:`ImageConfig`,
-what an image says about how to run it: pulled images and built ones record the same."""
+what an image says about how to run it: pulled images and built ones record the same
+(``config_from_oci`` reads it from a pulled image's config blob)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # Why an image could not be had; the HTTP status a create answers with for each.
-ImageErrorKind = Literal["invalid_reference", "not_found", "unauthorized", "digest_mismatch",
-                         "no_platform", "registry_unavailable", "disk_full", "bad_image"]
+ImageErrorKind = Literal["invalid_reference", "forbidden", "not_found", "unauthorized",
+                         "digest_mismatch", "no_platform", "registry_unavailable", "disk_full",
+                         "bad_image"]
 IMAGE_ERROR_STATUS: dict[str, int] = {
-    "invalid_reference": 400, "not_found": 404, "unauthorized": 401, "digest_mismatch": 422,
+    "invalid_reference": 400, "forbidden": 403, "not_found": 404, "unauthorized": 401,
+    "digest_mismatch": 422,
     "no_platform": 422, "bad_image": 422, "registry_unavailable": 502, "disk_full": 507}
 
 
@@ -21,27 +24,40 @@ def _str_list(value: Any) -> list[str] | None:
 
 
 class ImageConfig(BaseModel):
-    """The run settings of an image (the OCI image config's ``config``): Env becomes the
-    sandbox's default env (a create's own env wins); the rest is recorded."""
+    """What a Dockerfile recorded besides files: applied to every sandbox of the image (env,
+    workdir) or kept for whoever runs it (user, entrypoint, cmd, the rest)."""
 
-    env: list[str] = Field(default_factory=list, description="KEY=VALUE, in order.")
-    working_dir: str | None = None
+    model_config = ConfigDict(extra="forbid")
+
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
     user: str | None = None
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
+    shell: list[str] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    exposed_ports: list[str] = Field(default_factory=list)
+    volumes: list[str] = Field(default_factory=list)
+    stop_signal: str | None = None
 
-    @classmethod
-    def from_oci(cls, config: Any) -> ImageConfig:
-        """From an image config blob (its ``config`` object); anything malformed is left out."""
-        inner = config.get("config") if isinstance(config, dict) else None
-        if not isinstance(inner, dict):
-            return cls()
-        return cls(env=[e for e in _str_list(inner.get("Env")) or [] if "=" in e],
-                   working_dir=inner.get("WorkingDir") or None, user=inner.get("User") or None,
-                   entrypoint=_str_list(inner.get("Entrypoint")), cmd=_str_list(inner.get("Cmd")))
 
-    def env_dict(self) -> dict[str, str]:
-        return dict(e.split("=", 1) for e in self.env)
+def config_from_oci(blob: Any) -> ImageConfig:
+    """An image config blob's run settings (its ``config`` object, as Docker and OCI write
+    it); anything malformed is left out."""
+    inner = blob.get("config") if isinstance(blob, dict) else None
+    if not isinstance(inner, dict):
+        return ImageConfig()
+    env = [e for e in _str_list(inner.get("Env")) or [] if "=" in e]
+    labels = inner.get("Labels")
+    ports, volumes = inner.get("ExposedPorts"), inner.get("Volumes")
+    return ImageConfig(
+        env=dict(e.split("=", 1) for e in env), workdir=inner.get("WorkingDir") or None,
+        user=inner.get("User") or None, entrypoint=_str_list(inner.get("Entrypoint")),
+        cmd=_str_list(inner.get("Cmd")), shell=_str_list(inner.get("Shell")),
+        labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+        exposed_ports=sorted(map(str, ports)) if isinstance(ports, dict) else [],
+        volumes=sorted(map(str, volumes)) if isinstance(volumes, dict) else [],
+        stop_signal=inner.get("StopSignal") or None)
 
 
 class ImageInfo(BaseModel):

@@ -50,6 +50,9 @@ class ImagesConfig(BaseModel):
     mirrors: dict[str, list[str]] = Field(
         default_factory=dict, description="Pull-through mirrors per registry, tried in order "
         "before it: {'docker.io': ['mirror.internal:5000']}.")
+    allowed_registries: list[str] | None = Field(
+        None, description="The only registries (host, or host:port) images may be pulled "
+        "from; others are refused with 403. Default: any.")
     max_cache_bytes: int | None = Field(
         None, ge=0, description="Cap on the unpacked images the local backend keeps; past it, "
         "the least recently used images no sandbox uses are removed after each pull.")

@@ -63,6 +63,10 @@ class ImageUnavailable(BackendError):
         self.kind = kind
 
 
+class ImageInUse(BackendError):
+    """A sandbox still runs on the image to remove; the message names them."""
+
+
 class SpecRejected(OrchestratorError, ValueError):
     """The backend cannot run this spec (e.g. an image it cannot resolve); says what to change."""
 

@@ -22,7 +22,7 @@ from typing import Any, Self, TypeVar, Unpack
 
 import httpx
 
-from orchard.env import browser_schema, http_schema, schema
+from orchard.env import browser_schema, http_schema, image_schema, schema
 from orchard.env.client import errors
 from orchard.env.client._async_io import (
     for_each,
@@ -211,6 +211,24 @@ class AsyncSandboxClient(BaseClient):
     async def delete_snapshot(self, snapshot_id: str) -> schema.SnapshotDeleted:
         """Its files stay while sandboxes started from it live."""
         return await self._call(API.delete_snapshot(snapshot_id))
+
+    # --- images (a local-backend orchestrator's cache) ---
+
+    async def list_images(self) -> image_schema.ImageList:
+        """The images the server has unpacked: names, size, last use, sandboxes on each."""
+        return await self._call(API.list_images())
+
+    async def pull_image(self, image: str) -> image_schema.ImageInfo:
+        """Pull a registry image now (asking the registry again if a tag is cached)."""
+        return await self._call(API.pull_image(image))
+
+    async def remove_image(self, name: str) -> image_schema.ImagesRemoved:
+        """Remove an image by name or digest; ConflictError while a sandbox runs on it."""
+        return await self._call(API.remove_image(name))
+
+    async def prune_images(self) -> image_schema.ImagesRemoved:
+        """Remove every image no sandbox runs on."""
+        return await self._call(API.prune_images())
 
     # --- service ---
 

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from orchard.env import browser_schema, http_schema, schema
+from orchard.env import browser_schema, http_schema, image_schema, schema
 from orchard.env.client import errors
 from orchard.env.client.http_errors import error_for_status
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
@@ -177,6 +177,10 @@ class API:
     def wait_sandbox(sandbox_id: str, timeout: float) -> Call[schema.SandboxInfo]:
         def ready(response: httpx.Response) -> schema.SandboxInfo:
             info = schema.SandboxInfo.model_validate_json(response.content)
+            if info.status == schema.SandboxStatus.failed and info.image_error is not None:
+                raise errors.ImagePullFailed(
+                    sandbox_id, f"sandbox {sandbox_id} is failed: {info.error}",
+                    image=info.image, cause=info.image_error)
             if info.status in (schema.SandboxStatus.failed, schema.SandboxStatus.deleted):
                 raise errors.SandboxNotReady(
                     sandbox_id, f"sandbox {sandbox_id} is {info.status.value}: {info.error}",
@@ -251,6 +255,25 @@ class API:
     @staticmethod
     def delete_snapshot(snapshot_id: str) -> Call[schema.SnapshotDeleted]:
         return Call("DELETE", f"/snapshots/{_seg(snapshot_id)}", _model(schema.SnapshotDeleted))
+
+    @staticmethod
+    def list_images() -> Call[image_schema.ImageList]:
+        return Call("GET", "/images", _model(image_schema.ImageList))
+
+    @staticmethod
+    def pull_image(image: str) -> Call[image_schema.ImageInfo]:
+        # Answers once the image is unpacked, which may take minutes for a big one.
+        return Call("POST", "/images/pull", _model(image_schema.ImageInfo),
+                    json=_body(image_schema.PullImageRequest(image=image)), timeout=_long(3600))
+
+    @staticmethod
+    def remove_image(name: str) -> Call[image_schema.ImagesRemoved]:
+        return Call("DELETE", f"/images/{_seg(name)}", _model(image_schema.ImagesRemoved))
+
+    @staticmethod
+    def prune_images() -> Call[image_schema.ImagesRemoved]:
+        return Call("POST", "/images/prune", _model(image_schema.ImagesRemoved),
+                    timeout=_long(600))
 
     @staticmethod
     def _exec(

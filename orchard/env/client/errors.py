@@ -67,6 +67,16 @@ class SandboxNotReady(ConflictError):
         return f"sandbox {self.sandbox_id} is not ready: {self.detail}"
 
 
+class ImagePullFailed(SandboxNotReady):
+    """The sandbox failed because its image could not be pulled; ``cause`` says why
+    (digest_mismatch, disk_full, registry_unavailable, ...) and ``image`` names it."""
+
+    def __init__(self, sandbox_id: str, detail: str, *, image: str, cause: str) -> None:
+        super().__init__(sandbox_id, detail)
+        self.image = image
+        self.cause = cause
+
+
 class PayloadTooLarge(APIError):
     """413: over a size limit of the server: a body (an upload, a patch, stdin), or what a
     sandbox wrote, for a snapshot."""
@@ -89,6 +99,7 @@ __all__ = [
     "AuthenticationError",
     "ConflictError",
     "ConnectError",
+    "ImagePullFailed",
     "IncompleteDownload",
     "InvalidRequest",
     "NotFoundError",

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from orchard.env.errors import ServiceError
-from orchard.env.routes.common import ERRORS, MAX_SEQ, MAX_WAIT, label_filter
+from orchard.env.routes.common import ERRORS, IMAGE_ERRORS, MAX_SEQ, MAX_WAIT, label_filter
 from orchard.env.schema import (
     CreateSandboxRequest,
     DeleteResponse,
@@ -21,8 +21,12 @@ from orchard.env.service import SandboxService
 def router(service: SandboxService, secured: list[Any]) -> APIRouter:
     api = APIRouter(dependencies=secured, responses=ERRORS)
 
-    @api.post("/sandboxes", response_model=SandboxInfo)
+    @api.post("/sandboxes", response_model=SandboxInfo, responses=IMAGE_ERRORS)
     async def create_sandbox(req: CreateSandboxRequest) -> SandboxInfo:
+        """Record the sandbox and start it; answers at once, pending (wait with
+        GET /sandboxes/{id}/wait). A registry image is checked first: 404, 401, 422 (no
+        manifest for this platform) and 502 come from here; a pull that fails later fails
+        the sandbox (its image_error says why)."""
         try:
             return await service.lifecycle.create(req)
         except ServiceError as e:

@@ -34,10 +34,8 @@ from orchard.env.errors import (
     NotFound,
     Overloaded,
     WaitTimedOut,
-    for_status,
 )
 from orchard.env.events import EventLog
-from orchard.env.image_schema import IMAGE_ERROR_STATUS
 from orchard.env.metrics import Metrics
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.schema import (
@@ -47,6 +45,7 @@ from orchard.env.schema import (
     SandboxStatus,
     SnapshotInfo,
 )
+from orchard.env.service.images import image_error
 from orchard.env.service.reconciler import PartialPass, listed
 from orchard.env.service.records import LIVE, SandboxRecords, became_ready, utc_time
 from orchard.env.state.base import StateStore
@@ -175,7 +174,7 @@ class Lifecycle:
         try:
             await self.backend.image_cache.check(image)
         except ImageUnavailable as e:
-            raise for_status(IMAGE_ERROR_STATUS.get(e.kind, 502), str(e)) from None
+            raise image_error(e) from None
 
     def _reporter(self, sid: str) -> Callable[[str], Awaitable[None]]:
         """Writes a pending sandbox's progress to its record, at most every

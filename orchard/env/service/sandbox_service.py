@@ -7,6 +7,7 @@ and starts and stops them together. Backend- and store-agnostic.
 - jobs (exec_jobs.py): execs and their job records;
 - snapshots (snapshots.py) and branching (branching.py): snapshots, forks, pause and resume;
 - ops (sandbox_ops.py): the other agent operations (files, patches, processes, browser);
+- images (images.py): the backend's image cache, if it keeps one;
 - reconciler (reconciler.py): the control loops that keep store and backend in agreement.
 """
 
@@ -25,6 +26,7 @@ from orchard.env.metrics import Metrics
 from orchard.env.service.background import Background
 from orchard.env.service.branching import Branching
 from orchard.env.service.exec_jobs import ExecJobs
+from orchard.env.service.images import Images
 from orchard.env.service.lifecycle import Lifecycle
 from orchard.env.service.reconciler import ControlLoop, Reconciler
 from orchard.env.service.records import SandboxRecords
@@ -58,6 +60,7 @@ class SandboxService:
         self.branching = Branching(self.records, self.lifecycle, self.snapshots, store,
                                    backend, settings, self.events, self.background)
         self.ops = SandboxOps(self.lifecycle, self.events, backend)
+        self.images = Images(backend)
         passes = {"sandboxes": self._reconcile_sandboxes, "jobs": self.jobs.fail_orphans,
                   "snapshots": self.snapshots.collect, "prune": self._prune}
         periods = settings.loop_periods()

@@ -131,7 +131,7 @@ class LocalBackend:
         images = images or ImagesConfig()
         self.image_cache = RegistryImages(
             self.images, Skopeo(images, docker_config, data_dir / "registry"),
-            images.max_cache_bytes)
+            images.max_cache_bytes, images.allowed_registries)
         # Built on the first browser action (see prepare_browser), seen live by every sandbox.
         browser = cache / "browser"
         browser.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -340,7 +340,7 @@ class LocalBackend:
 
     def _agent_env(self, spec: SandboxSpec, image: ResolvedImage) -> dict[str, str]:
         # The image's Env (PATH above all) over our defaults; the create's env over both.
-        from_image = image.config.env_dict() if image.config is not None else {}
+        from_image = image.config.env if image.config is not None else {}
         return {"PATH": USER_PATH, "HOME": "/root", "LANG": "C.UTF-8",
                 "HOSTNAME": spec.sandbox_id[:63], **from_image, **spec.env}
 

@@ -20,10 +20,10 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from orchard.env.backends.base import ImageUnavailable
+from orchard.env.backends.base import ImageInUse, ImageUnavailable
 from orchard.env.backends.local.image_pull import RemoteImage, Skopeo, failure
 from orchard.env.backends.local.image_refs import ImageRef, is_registry_ref, parse_ref
-from orchard.env.backends.local.images import ImageError, ImageInUse, ImageStore, ResolvedImage
+from orchard.env.backends.local.images import ImageError, ImageStore, ResolvedImage
 from orchard.env.image_schema import ImageInfo, ImageList, ImagesRemoved
 
 __all__ = ["ImageInUse", "RegistryImages"]
@@ -37,10 +37,12 @@ _MAX_RESOLVED = 1024
 
 
 class RegistryImages:
-    def __init__(self, store: ImageStore, skopeo: Skopeo, max_bytes: int | None = None) -> None:
+    def __init__(self, store: ImageStore, skopeo: Skopeo, max_bytes: int | None = None,
+                 allowed_registries: list[str] | None = None) -> None:
         self.store = store
         self.skopeo = skopeo
         self.max_bytes = max_bytes
+        self.allowed = allowed_registries
         self._resolved: dict[str, RemoteImage] = {}
         self._pulls: dict[str, asyncio.Task[None]] = {}
         self._listeners: dict[str, list[Report]] = {}
@@ -52,7 +54,7 @@ class RegistryImages:
         the registry has it for this platform and lets us in. ImageUnavailable otherwise."""
         if not is_registry_ref(image):
             return
-        ref = _parse(image)
+        ref = self._ref(image)
         if self.store.lookup(ref.name) is None:
             remote = await self.skopeo.resolve(ref)
             self._resolved[ref.name] = remote
@@ -66,7 +68,7 @@ class RegistryImages:
         an image that is not a registry reference (nothing to pull)."""
         if not is_registry_ref(image):
             return None
-        ref = _parse(image)
+        ref = self._ref(image)
         digest = None if refresh else self.store.lookup(ref.name)
         if digest is None:
             remote = self._resolved.pop(ref.name, None)
@@ -83,6 +85,14 @@ class RegistryImages:
         rootfs = self.store.entry(digest) / "rootfs"
         return ResolvedImage(ref=image, kind="oci", rootfs=rootfs, digest=digest,
                              config=info.config)
+
+    def _ref(self, image: str) -> ImageRef:
+        ref = _parse(image)
+        if self.allowed is not None and not {ref.registry, ref.host} & set(self.allowed):
+            raise failure(image, "forbidden", f"registry {ref.registry} is not in this "
+                          "orchestrator's images.allowed_registries "
+                          f"({', '.join(self.allowed) or 'none'})")
+        return ref
 
     def _unpacked(self, digest: str) -> bool:
         return (self.store.entry(digest) / "rootfs").is_dir()

@@ -40,6 +40,7 @@ _CAUSES: list[tuple[str, tuple[str, ...]]] = [
     ("not_found", ("manifest unknown", "name unknown", "not found", "repository name not")),
 ]
 _HINTS = {
+    "forbidden": "pull from an allowed registry or add it to the setting",
     "disk_full": "free space in the image cache (`orchard image prune`) or set "
                  "images.max_cache_bytes",
     "digest_mismatch": "the registry served content that does not match its digest: it is "
@@ -113,7 +114,9 @@ class Skopeo:
     def _registries_conf(self) -> str:
         out = []
         for registry, mirrors in self.config.mirrors.items():
-            out.append(f'[[registry]]\nprefix = "{registry}"\nlocation = "{registry}"\n')
+            insecure = "true" if self.insecure(registry) else "false"
+            out.append(f'[[registry]]\nprefix = "{registry}"\nlocation = "{registry}"\n'
+                       f"insecure = {insecure}\n")
             for mirror in mirrors:
                 insecure = "true" if self.insecure(mirror) else "false"
                 out.append(f'[[registry.mirror]]\nlocation = "{mirror}"\n'
@@ -127,7 +130,10 @@ class Skopeo:
     @contextlib.contextmanager
     def _auth(self, ref: ImageRef, prefix: str) -> Iterator[list[str]]:
         """skopeo's auth and TLS flags for ``ref`` (``prefix`` is "src-" for copy)."""
-        args = [f"--{prefix}tls-verify={'false' if self.insecure(ref.registry) else 'true'}"]
+        # A registry with mirrors takes its TLS settings, and its mirrors', from our
+        # registries.conf: a flag here would apply to the mirrors too.
+        args = [] if ref.registry in self.config.mirrors else [
+            f"--{prefix}tls-verify={'false' if self.insecure(ref.registry) else 'true'}"]
         creds = self.config.registries.get(ref.registry)
         if creds is None and ref.registry == "docker.io":
             creds = self.config.registries.get("index.docker.io")

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from orchard.env.backends.base import ImageInUse
 from orchard.env.backends.local.image_sources import (
     DirSource,
     ImageError,
@@ -46,17 +47,13 @@ from orchard.env.backends.local.image_sources import (
 )
 from orchard.env.backends.local.image_unpack import unpack
 from orchard.env.filelock import exclusive_lock
-from orchard.env.image_schema import ImageConfig, ImageInfo
+from orchard.env.image_schema import ImageConfig, ImageInfo, config_from_oci
 
 __all__ = ["ImageError", "ImageForbidden", "ImageInUse", "ImageStore", "ResolvedImage"]
 
 
 class ImageForbidden(ImageError):
     """The path lies outside every image directory; the message names the setting to change."""
-
-
-class ImageInUse(ImageError):
-    """A sandbox still runs on the image; the message names them."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +157,7 @@ class ImageStore:
                         unpack(source, plan, entry, rootfs)
                         info = ImageInfo(digest=digest, size_bytes=_disk_usage(rootfs),
                                          pulled_at=datetime.now(UTC),
-                                         config=ImageConfig.from_oci(plan.config))
+                                         config=config_from_oci(plan.config))
                         _write_atomic(entry / "image.json", info.model_dump_json())
                     except BaseException:
                         # Nothing half-written stays: no rootfs means no image here.
