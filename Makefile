@@ -7,7 +7,7 @@ APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux e2fsprog
 	skopeo docker-registry apache2-utils
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo tour test lint unasync bench validate-manifests clean
+.PHONY: setup system-deps harbor demo tour test lint unasync bench validate-manifests clean
 
 setup: system-deps $(STAMP)
 
@@ -28,6 +28,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[all,dev]'
 	@touch $(STAMP)
 
+# .venv-harbor: Python 3.13 (built from Debian's source once, when /opt/orchard/python3.13 is
+# missing) with the pinned harbor and orchard's SDK; the Harbor tests run its `harbor` CLI.
+harbor: system-deps
+	scripts/harbor-python.sh .venv-harbor
+
 # The main job: the training pipeline end to end on the bug-fix family, whose fixes must be
 # read in the sandbox (see docs/guides/recipes.md).
 demo: setup
@@ -46,7 +51,7 @@ lint: setup
 unasync:
 	python3 scripts/unasync.py
 
-test: setup lint
+test: setup lint harbor
 	$(PY) -m pytest -q -p no:cacheprovider
 
 validate-manifests: setup
@@ -58,4 +63,4 @@ bench: setup
 	$(PY) bench/idle_memory.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-harbor build *.egg-info

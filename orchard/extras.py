@@ -23,6 +23,8 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
               ("transformers", "datasets", "torch", "matplotlib")),
     "openenv": ("task sets served as OpenEnv environments",
                 ("openenv", "fastapi", "uvicorn")),
+    "harbor": ("Harbor's CLI and its Orchard provider (Python >= 3.12: `make harbor`)",
+               ("harbor",)),
 }
 
 

@@ -51,16 +51,18 @@ def test_an_unknown_set_names_the_choices(tmp_path: Path) -> None:
 
 def test_unknown_harness_domain_and_demo_name_the_choices() -> None:
     with pytest.raises(ValueError, match="unknown harness 'x'; choose one of oracle, teacher, "
-                                         "mini-swe-agent, web-teacher"):
+                                         "mini-swe-agent, harbor-oracle, web-teacher"):
         make_harness("x", [])
-    with pytest.raises(ValueError, match="no domain 'x'; the domains: assistant, web, swe"):
+    with pytest.raises(ValueError, match="no domain 'x'; the domains: assistant, web, harbor, "
+                                         "swe"):
         domain("x")
     with pytest.raises(ValueError, match="no demo domain 'x': swe, bugfix, web, assistant"):
         from orchard.domains import demo_domain
 
         demo_domain("x", {})
     assert set(harness_names()) == {"oracle", "teacher", "mini-swe-agent", "web-teacher",
-                                    "browser-agent", "assistant-teacher", "assistant"}
+                                    "browser-agent", "assistant-teacher", "assistant",
+                                    "harbor-oracle"}
     assert demo_names() == ["swe", "bugfix", "web", "assistant"]
 
 
@@ -132,6 +134,6 @@ def test_one_submit_marker() -> None:
 
 
 def test_every_domain_is_registered_once() -> None:
-    assert list(DOMAINS) == ["assistant", "web", "swe"]
+    assert list(DOMAINS) == ["assistant", "web", "harbor", "swe"]
     names = [n for d in DOMAINS.values() for n in d.source.names]
     assert sorted(names) == sorted(NAMED) and len(names) == len(set(names))

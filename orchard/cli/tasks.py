@@ -25,9 +25,10 @@ app = typer.Typer()
 _Tasks = Annotated[str, typer.Argument(
     help="'bundled', 'humaneval', 'settings' and 'bugfix' (the generated SWE families), 'web' "
          "(the web tasks), 'web-live', 'assistant' (hand-written and generated assistant "
-         "tasks), a .json/.jsonl/.parquet file, a saved dataset or a task directory, or a "
-         "Hugging Face dataset id of SWE-bench instances (princeton-nlp/SWE-bench_Verified; "
-         "images named under ORCHARD_SWEBENCH_NAMESPACE).")]
+         "tasks), a .json/.jsonl/.parquet file, a saved dataset, a task directory, a Harbor "
+         "task or dataset directory (task.toml), or a Hugging Face dataset id of SWE-bench "
+         "instances (princeton-nlp/SWE-bench_Verified; images named under "
+         "ORCHARD_SWEBENCH_NAMESPACE).")]
 _Split = Annotated[str | None, typer.Option(help="Keep only this split (train, test).",
                                             show_default=False)]
 _TaskIds = Annotated[list[str] | None, typer.Option(
@@ -77,7 +78,8 @@ def tasks_validate(
 ) -> None:
     """Check every task: the gold patch resolves it, and on the untouched repository its
     FAIL_TO_PASS tests fail and PASS_TO_PASS tests pass (web tasks: the gold run resolves it,
-    doing nothing does not). Exit 1 if any task is broken."""
+    doing nothing does not; Harbor tasks: the oracle solution earns reward 1, doing nothing
+    does not). Exit 1 if any task is broken."""
     def report(check: Any) -> None:
         if not json_:
             mark = "[green]ok[/]" if check.ok else "[red]BROKEN[/]"
@@ -114,7 +116,8 @@ def eval_(
              "mini-swe-agent (needs --model-url and --model); for web tasks, web-teacher "
              "(the browser agent + scripted web teacher) or browser-agent (needs --model-url "
              "and --model); for assistant tasks, assistant-teacher or assistant (needs "
-             "--model-url and --model).")] = "oracle",
+             "--model-url and --model); for Harbor tasks, harbor-oracle (solve.sh).")
+    ] = "oracle",
     n: Annotated[int, typer.Option(min=1, help="Samples per task (pass@k needs k <= n).")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 2,
     model_url: Annotated[str | None, typer.Option(

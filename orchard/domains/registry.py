@@ -13,12 +13,14 @@ from typing import Any
 
 from orchard.domains.assistant.domain import ASSISTANT
 from orchard.domains.domain import Domain, HarnessOptions
+from orchard.domains.harbor.domain import HARBOR
 from orchard.domains.swe.domain import SWE
 from orchard.domains.web.domain import WEB
 from orchard.tasks.protocol import Task, TaskLoadError
 
-# In the order a task file is offered to them: the first whose source accepts it loads it.
-DOMAINS: dict[str, Domain] = {d.name: d for d in (ASSISTANT, WEB, SWE)}
+# In the order a task file is offered to them: the first whose source accepts it loads it (SWE
+# takes any directory, so a Harbor dataset must be offered first).
+DOMAINS: dict[str, Domain] = {d.name: d for d in (ASSISTANT, WEB, HARBOR, SWE)}
 
 
 def domain(name: str) -> Domain:
