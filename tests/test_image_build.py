@@ -217,6 +217,19 @@ def test_orchard_image_build_cli(orchestrator: str, busybox: str, tmp_path: Path
     failed = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert failed.returncode == 1 and "Traceback" not in failed.stderr
     assert "error: Dockerfile line 2 (RUN exit 7) exited with code 7" in failed.stderr
+    ls = subprocess.run([*cmd[:3], "image", "ls"], capture_output=True, text=True, env=env,
+                        timeout=120)
+    assert ls.returncode == 0 and "test/cli:latest" in ls.stdout, (ls.stdout, ls.stderr)
+    rm = subprocess.run([*cmd[:3], "image", "rm", "test/cli:latest"], capture_output=True,
+                        text=True, env=env, timeout=120)
+    assert rm.returncode == 0 and rm.stdout == "untagged test/cli:latest\n", rm.stderr
+    ls = subprocess.run([*cmd[:3], "image", "ls"], capture_output=True, text=True, env=env,
+                        timeout=120)
+    assert "test/cli:latest" not in ls.stdout
+    prune = subprocess.run([*cmd[:3], "image", "prune"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert prune.returncode == 0 and "build steps" in prune.stderr, prune.stderr
+    assert int(prune.stderr.split("removed ")[-1].split()[0]) >= 1, prune.stderr
 
 
 def test_a_task_with_image_build(client: SandboxClient, busybox: str, tmp_path: Path) -> None:
