@@ -857,3 +857,12 @@ def test_egress_names_are_refused_clearly_and_addresses_become_the_policy(
     assert policy["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.1.2.0/24"}}]
     assert kube.get(f"/sandboxes/{sid}").json()["namespace"] == NS
     delete_and_wait(kube, api, sid)
+
+
+def test_image_ls_on_kubernetes_says_the_kubelet_pulls(kube: httpx.Client) -> None:
+    from tests.test_cli_e2e import ORCHARD, cli_env
+
+    assert kube.get("/images").status_code == 400  # no image cache: the kubelet pulls
+    r = subprocess.run([str(ORCHARD), "image", "ls"], capture_output=True, text=True,
+                       timeout=120, env=cli_env(str(kube.base_url).rstrip("/")))
+    assert r.returncode == 0 and "the kubelet" in r.stderr, (r.stdout, r.stderr)

@@ -14,7 +14,8 @@ from rich.table import Table
 from orchard.cli import image_build
 from orchard.cli._common import friendly_errors, stderr
 from orchard.env.build import list_built_images, prune_build_cache, remove_built_image
-from orchard.env.image_schema import ImageInfo, ImagesRemoved
+from orchard.env.client import InvalidRequest
+from orchard.env.image_schema import ImageInfo, ImageList, ImagesRemoved
 
 app = typer.Typer(no_args_is_help=True,
                   help="List, pull, build and remove the server's images.")
@@ -57,12 +58,18 @@ def ls(ctx: typer.Context) -> None:
     """List images: pulled ones (names, digest, size on disk, last use, the sandboxes on each),
     then the names that Dockerfile builds tagged."""
     with ctx.obj.client() as client:
-        listing = client.list_images()
+        try:
+            listing: ImageList | None = client.list_images()
+        except InvalidRequest as e:  # a backend with no cache (Kubernetes) still has builds
+            listing = None
+            stderr.print(e.detail)
         built = list_built_images(client)
-    _print_table(("IMAGE", "DIGEST", "SIZE", "LAST USED", "SANDBOXES"),
-                 [_row(info) for info in listing.images], whole=(0, 4))
-    cap = f" of {_size(listing.max_bytes)} (images.max_cache_bytes)" if listing.max_bytes else ""
-    stderr.print(f"{len(listing.images)} images, {_size(listing.total_bytes)}{cap}")
+    if listing is not None:
+        _print_table(("IMAGE", "DIGEST", "SIZE", "LAST USED", "SANDBOXES"),
+                     [_row(info) for info in listing.images], whole=(0, 4))
+        cap = (f" of {_size(listing.max_bytes)} (images.max_cache_bytes)"
+               if listing.max_bytes else "")
+        stderr.print(f"{len(listing.images)} images, {_size(listing.total_bytes)}{cap}")
     if built:
         _print_table(("BUILT", "SNAPSHOT", "LAYER SIZE", "CREATED"),
                      [[name, snap.snapshot_id, _size(snap.size_bytes), _when(snap.created_at)]
