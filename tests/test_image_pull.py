@@ -250,10 +250,13 @@ def test_digest_mismatch_fails_the_sandbox_and_keeps_nothing(
     r = http.post("/sandboxes", json={"image": ref})
     assert r.status_code == 200, r.text  # the manifest is sound; the layer is not
     info = _wait(http, r.json()["sandbox_id"])
+    # A failed record stays until deleted; the session orchestrator's later tests expect none.
+    http.delete(f"/sandboxes/{info['sandbox_id']}")
     assert info["status"] == "failed" and info["image_error"] == "digest_mismatch", info
     assert ref in info["status_message"], info
     with SandboxClient(orchestrator) as client, pytest.raises(ImagePullFailed) as caught:
         client.create_sandbox(ref)
+    http.delete(f"/sandboxes/{caught.value.sandbox_id}")
     assert caught.value.cause == "digest_mismatch" and caught.value.image == ref
     r = http.post("/images/pull", json={"image": ref})
     assert r.status_code == 422 and "digest" in r.json()["detail"], r.text
@@ -371,6 +374,7 @@ def test_registry_gone_mid_pull_fails_the_sandbox(http: httpx.Client, registry: 
     finally:
         gate.close()
     info = _wait(http, r.json()["sandbox_id"])
+    http.delete(f"/sandboxes/{info['sandbox_id']}")
     assert info["status"] == "failed" and info["image_error"] == "registry_unavailable", info
     assert proxied in info["status_message"], info
     assert _store_is_clean(data_dir / "local" / "images") == []

@@ -12,9 +12,10 @@ import orchard.env
 from orchard.env import errors
 from orchard.env.client import errors as sdk_errors
 
-# The SDK is the client side (its own tree, for users); the agent runs inside sandboxes on the
-# stdlib alone and answers in HTTP statuses, never with our classes.
-NOT_SERVER_SIDE = ("orchard.env.client", "orchard.env.agent.server")
+# The SDK is the client side (its own tree, for users), and the Dockerfile builder runs over it
+# (its errors are the SDK's OrchardError); the agent runs inside sandboxes on the stdlib alone
+# and answers in HTTP statuses, never with our classes.
+NOT_SERVER_SIDE = ("orchard.env.client", "orchard.env.build", "orchard.env.agent.server")
 
 
 def _server_side_exceptions() -> list[type[BaseException]]:
