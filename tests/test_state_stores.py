@@ -12,14 +12,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import redis.asyncio as aioredis
 
-from orchard.env.schema import (
-    Job,
-    JobStatus,
-    SandboxInfo,
-    SandboxStatus,
-    SnapshotInfo,
-    SnapshotStatus,
-)
+from orchard.env.schema import Job, JobStatus, SandboxInfo, SandboxStatus
+from orchard.env.snapshot_schema import SnapshotInfo, SnapshotStatus
 from orchard.env.state import (
     LockLost,
     LockTimeout,

@@ -53,7 +53,7 @@ from orchard.env.build_schema import (
 )
 from orchard.env.client import Sandbox, SandboxClient, OrchardError
 from orchard.env.image_schema import ImageConfig
-from orchard.env.schema import SnapshotInfo
+from orchard.env.snapshot_schema import SnapshotInfo
 
 DEFAULT_SHELL = ["/bin/sh", "-c"]
 # The agent's own interpreter, mounted in every sandbox on both backends: COPY unpacks its tar

@@ -22,7 +22,7 @@ from typing import Any, Self, TypeVar, Unpack
 
 import httpx
 
-from orchard.env import browser_schema, http_schema, image_schema, schema
+from orchard.env import browser_schema, http_schema, image_schema, schema, snapshot_schema
 from orchard.env.client import errors
 from orchard.env.client._async_io import (
     for_each,
@@ -203,22 +203,22 @@ class AsyncSandboxClient(BaseClient):
 
     # --- snapshots ---
 
-    async def get_snapshot(self, snapshot_id: str) -> schema.SnapshotInfo:
+    async def get_snapshot(self, snapshot_id: str) -> snapshot_schema.SnapshotInfo:
         return await self._call(API.get_snapshot(snapshot_id))
 
     async def list_snapshots(
         self, labels: Mapping[str, str] | None = None
-    ) -> list[schema.SnapshotInfo]:
+    ) -> list[snapshot_schema.SnapshotInfo]:
         return (await self._call(API.list_snapshots(labels))).snapshots
 
     async def update_snapshot(
         self, snapshot_id: str, *, labels: Mapping[str, str | None]
-    ) -> schema.SnapshotInfo:
+    ) -> snapshot_schema.SnapshotInfo:
         """Set labels of a snapshot; a ``None`` value removes that label."""
-        request = schema.SnapshotUpdate(labels=dict(labels))
+        request = snapshot_schema.SnapshotUpdate(labels=dict(labels))
         return await self._call(API.update_snapshot(snapshot_id, request))
 
-    async def delete_snapshot(self, snapshot_id: str) -> schema.SnapshotDeleted:
+    async def delete_snapshot(self, snapshot_id: str) -> snapshot_schema.SnapshotDeleted:
         """Its files stay while sandboxes started from it live."""
         return await self._call(API.delete_snapshot(snapshot_id))
 
@@ -297,11 +297,11 @@ class AsyncSandbox(SandboxBase):
         labels: Mapping[str, str] | None = None,
         ttl: float | None = None,
         keep: bool = False,
-    ) -> schema.SnapshotInfo:
+    ) -> snapshot_schema.SnapshotInfo:
         """Keep its files (not its processes) as a snapshot to create sandboxes from: for
         ``ttl`` seconds (default: the server's snapshot_ttl), or until deleted with ``keep``."""
-        request = schema.SnapshotRequest(snapshot_id=snapshot_id, labels=dict(labels or {}),
-                                         ttl=ttl, keep=keep)
+        request = snapshot_schema.SnapshotRequest(
+            snapshot_id=snapshot_id, labels=dict(labels or {}), ttl=ttl, keep=keep)
         return await self._client._call(API.snapshot(self.id, request))
 
     async def fork(
@@ -314,7 +314,7 @@ class AsyncSandbox(SandboxBase):
         wait: bool = True,
     ) -> list[AsyncSandbox]:
         """``count`` new sandboxes starting from its files as they are now."""
-        request = schema.ForkRequest(count=count, labels=dict(labels or {}), ttl=ttl,
+        request = snapshot_schema.ForkRequest(count=count, labels=dict(labels or {}), ttl=ttl,
                                      keep_snapshot=keep_snapshot)
         made = await self._client._call(API.fork(self.id, request))
         forks = [AsyncSandbox(self._client, info) for info in made.sandboxes]

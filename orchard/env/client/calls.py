@@ -17,7 +17,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from orchard.env import browser_schema, http_schema, image_schema, schema
+from orchard.env import browser_schema, http_schema, image_schema, schema, snapshot_schema
 from orchard.env.client import errors
 from orchard.env.client.http_errors import error_for_status
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
@@ -205,17 +205,20 @@ class API:
         return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/heartbeat", _model(schema.SandboxInfo))
 
     @staticmethod
-    def snapshot(sandbox_id: str, request: schema.SnapshotRequest) -> Call[schema.SnapshotInfo]:
+    def snapshot(sandbox_id: str, request: snapshot_schema.SnapshotRequest
+                 ) -> Call[snapshot_schema.SnapshotInfo]:
         # Copying a big sandbox takes a while; with an id, a resent one finds the first.
         retry = Retry.IDEMPOTENT if request.snapshot_id else Retry.OVERLOAD
         return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/snapshot",
-                    _model(schema.SnapshotInfo), json=_body(request), retry=retry,
+                    _model(snapshot_schema.SnapshotInfo), json=_body(request), retry=retry,
                     timeout=_long(600))
 
     @staticmethod
-    def fork(sandbox_id: str, request: schema.ForkRequest) -> Call[schema.ForkResponse]:
-        return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/fork", _model(schema.ForkResponse),
-                    json=_body(request), retry=Retry.OVERLOAD, timeout=_long(600))
+    def fork(sandbox_id: str, request: snapshot_schema.ForkRequest
+             ) -> Call[snapshot_schema.ForkResponse]:
+        return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/fork",
+                    _model(snapshot_schema.ForkResponse), json=_body(request),
+                    retry=Retry.OVERLOAD, timeout=_long(600))
 
     @staticmethod
     def browser(sandbox_id: str, action: browser_schema.BrowserAction
@@ -244,24 +247,26 @@ class API:
         return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/resume", _model(schema.SandboxInfo))
 
     @staticmethod
-    def get_snapshot(snapshot_id: str) -> Call[schema.SnapshotInfo]:
-        return Call("GET", f"/snapshots/{_seg(snapshot_id)}", _model(schema.SnapshotInfo))
+    def get_snapshot(snapshot_id: str) -> Call[snapshot_schema.SnapshotInfo]:
+        return Call("GET", f"/snapshots/{_seg(snapshot_id)}", _model(snapshot_schema.SnapshotInfo))
 
     @staticmethod
-    def list_snapshots(labels: Mapping[str, str] | None) -> Call[schema.SnapshotList]:
+    def list_snapshots(labels: Mapping[str, str] | None) -> Call[snapshot_schema.SnapshotList]:
         params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
-        return Call("GET", "/snapshots", _model(schema.SnapshotList), params=params)
+        return Call("GET", "/snapshots", _model(snapshot_schema.SnapshotList), params=params)
 
     @staticmethod
-    def update_snapshot(snapshot_id: str, request: schema.SnapshotUpdate
-                        ) -> Call[schema.SnapshotInfo]:
+    def update_snapshot(snapshot_id: str, request: snapshot_schema.SnapshotUpdate
+                        ) -> Call[snapshot_schema.SnapshotInfo]:
         # Setting labels twice sets them once.
-        return Call("PATCH", f"/snapshots/{_seg(snapshot_id)}", _model(schema.SnapshotInfo),
-                    json=_body(request), retry=Retry.IDEMPOTENT)
+        return Call("PATCH", f"/snapshots/{_seg(snapshot_id)}",
+                    _model(snapshot_schema.SnapshotInfo), json=_body(request),
+                    retry=Retry.IDEMPOTENT)
 
     @staticmethod
-    def delete_snapshot(snapshot_id: str) -> Call[schema.SnapshotDeleted]:
-        return Call("DELETE", f"/snapshots/{_seg(snapshot_id)}", _model(schema.SnapshotDeleted))
+    def delete_snapshot(snapshot_id: str) -> Call[snapshot_schema.SnapshotDeleted]:
+        return Call("DELETE", f"/snapshots/{_seg(snapshot_id)}",
+                    _model(snapshot_schema.SnapshotDeleted))
 
     @staticmethod
     def list_images() -> Call[image_schema.ImageList]:

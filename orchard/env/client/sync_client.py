@@ -27,7 +27,7 @@ from typing import Any, Self, TypeVar, Unpack
 
 import httpx
 
-from orchard.env import browser_schema, http_schema, image_schema, schema
+from orchard.env import browser_schema, http_schema, image_schema, schema, snapshot_schema
 from orchard.env.client import errors
 from orchard.env.client._sync_io import (
     for_each,
@@ -208,22 +208,22 @@ class SandboxClient(BaseClient):
 
     # --- snapshots ---
 
-    def get_snapshot(self, snapshot_id: str) -> schema.SnapshotInfo:
+    def get_snapshot(self, snapshot_id: str) -> snapshot_schema.SnapshotInfo:
         return self._call(API.get_snapshot(snapshot_id))
 
     def list_snapshots(
         self, labels: Mapping[str, str] | None = None
-    ) -> list[schema.SnapshotInfo]:
+    ) -> list[snapshot_schema.SnapshotInfo]:
         return (self._call(API.list_snapshots(labels))).snapshots
 
     def update_snapshot(
         self, snapshot_id: str, *, labels: Mapping[str, str | None]
-    ) -> schema.SnapshotInfo:
+    ) -> snapshot_schema.SnapshotInfo:
         """Set labels of a snapshot; a ``None`` value removes that label."""
-        request = schema.SnapshotUpdate(labels=dict(labels))
+        request = snapshot_schema.SnapshotUpdate(labels=dict(labels))
         return self._call(API.update_snapshot(snapshot_id, request))
 
-    def delete_snapshot(self, snapshot_id: str) -> schema.SnapshotDeleted:
+    def delete_snapshot(self, snapshot_id: str) -> snapshot_schema.SnapshotDeleted:
         """Its files stay while sandboxes started from it live."""
         return self._call(API.delete_snapshot(snapshot_id))
 
@@ -302,11 +302,11 @@ class Sandbox(SandboxBase):
         labels: Mapping[str, str] | None = None,
         ttl: float | None = None,
         keep: bool = False,
-    ) -> schema.SnapshotInfo:
+    ) -> snapshot_schema.SnapshotInfo:
         """Keep its files (not its processes) as a snapshot to create sandboxes from: for
         ``ttl`` seconds (default: the server's snapshot_ttl), or until deleted with ``keep``."""
-        request = schema.SnapshotRequest(snapshot_id=snapshot_id, labels=dict(labels or {}),
-                                         ttl=ttl, keep=keep)
+        request = snapshot_schema.SnapshotRequest(
+            snapshot_id=snapshot_id, labels=dict(labels or {}), ttl=ttl, keep=keep)
         return self._client._call(API.snapshot(self.id, request))
 
     def fork(
@@ -319,7 +319,7 @@ class Sandbox(SandboxBase):
         wait: bool = True,
     ) -> list[Sandbox]:
         """``count`` new sandboxes starting from its files as they are now."""
-        request = schema.ForkRequest(count=count, labels=dict(labels or {}), ttl=ttl,
+        request = snapshot_schema.ForkRequest(count=count, labels=dict(labels or {}), ttl=ttl,
                                      keep_snapshot=keep_snapshot)
         made = self._client._call(API.fork(self.id, request))
         forks = [Sandbox(self._client, info) for info in made.sandboxes]

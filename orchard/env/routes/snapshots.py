@@ -8,17 +8,17 @@ from fastapi import APIRouter, Body, Query
 
 from orchard.env.errors import ServiceError
 from orchard.env.routes.common import ERRORS, label_filter
-from orchard.env.schema import (
+from orchard.env.schema import SandboxInfo
+from orchard.env.service import SandboxService
+from orchard.env.snapshot_schema import (
     ForkRequest,
     ForkResponse,
-    SandboxInfo,
     SnapshotDeleted,
     SnapshotInfo,
     SnapshotList,
     SnapshotRequest,
     SnapshotUpdate,
 )
-from orchard.env.service import SandboxService
 
 
 def router(service: SandboxService, secured: list[Any]) -> APIRouter:

@@ -8,19 +8,12 @@ from orchard.env.backends.base import Backend, BackendError
 from orchard.env.config import Settings
 from orchard.env.errors import Conflict, Overloaded
 from orchard.env.events import EventLog
-from orchard.env.schema import (
-    CreateSandboxRequest,
-    EventKind,
-    ForkRequest,
-    ForkResponse,
-    SandboxInfo,
-    SandboxStatus,
-    SnapshotRequest,
-)
+from orchard.env.schema import CreateSandboxRequest, EventKind, SandboxInfo, SandboxStatus
 from orchard.env.service.background import Background
 from orchard.env.service.lifecycle import Lifecycle
 from orchard.env.service.records import SandboxRecords, utc_time
 from orchard.env.service.snapshots import BRANCHABLE, Snapshots
+from orchard.env.snapshot_schema import ForkRequest, ForkResponse, SnapshotRequest
 from orchard.env.state.base import StateStore
 
 FORK_LABEL = "orchard.dev/fork-of"

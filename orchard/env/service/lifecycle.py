@@ -40,16 +40,11 @@ from orchard.env.events import EventLog
 from orchard.env.image_schema import ImageConfig
 from orchard.env.metrics import Metrics
 from orchard.env.quantities import parse_cpu, parse_memory
-from orchard.env.schema import (
-    CreateSandboxRequest,
-    EventKind,
-    SandboxInfo,
-    SandboxStatus,
-    SnapshotInfo,
-)
+from orchard.env.schema import CreateSandboxRequest, EventKind, SandboxInfo, SandboxStatus
 from orchard.env.service.images import image_error
 from orchard.env.service.reconciler import PartialPass, listed
 from orchard.env.service.records import LIVE, SandboxRecords, became_ready, utc_time
+from orchard.env.snapshot_schema import SnapshotInfo
 from orchard.env.state.base import StateStore
 
 log = logging.getLogger("orchard.env")

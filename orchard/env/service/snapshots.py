@@ -18,17 +18,15 @@ from orchard.env.config import Settings
 from orchard.env.errors import BadRequest, Conflict, NotFound, TooLarge
 from orchard.env.events import EventLog
 from orchard.env.image_schema import ImageConfig
-from orchard.env.schema import (
-    CreateSandboxRequest,
-    EventKind,
-    SandboxStatus,
+from orchard.env.schema import CreateSandboxRequest, EventKind, SandboxStatus
+from orchard.env.service.reconciler import PartialPass, listed
+from orchard.env.service.records import SandboxRecords, utc_time
+from orchard.env.snapshot_schema import (
     SnapshotInfo,
     SnapshotRequest,
     SnapshotStatus,
     SnapshotUpdate,
 )
-from orchard.env.service.reconciler import PartialPass, listed
-from orchard.env.service.records import SandboxRecords, utc_time
 from orchard.env.state.base import StateStore
 
 log = logging.getLogger("orchard.env")

@@ -13,7 +13,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
 from orchard.env.errors import OrchestratorError
-from orchard.env.schema import Job, SandboxEvent, SandboxInfo, SnapshotInfo
+from orchard.env.schema import Job, SandboxEvent, SandboxInfo
+from orchard.env.snapshot_schema import SnapshotInfo
 
 
 class LockTimeout(OrchestratorError, TimeoutError):

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from orchard.env.schema import Job, SandboxEvent, SandboxInfo, SnapshotInfo
+from orchard.env.schema import Job, SandboxEvent, SandboxInfo
+from orchard.env.snapshot_schema import SnapshotInfo
 from orchard.env.state.base import EventSubscription, LockTimeout
 
 _SCHEMA = """

@@ -13,14 +13,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 
-from orchard.env.schema import (
-    Job,
-    JobStatus,
-    SandboxEvent,
-    SandboxInfo,
-    SandboxStatus,
-    SnapshotInfo,
-)
+from orchard.env.schema import Job, JobStatus, SandboxEvent, SandboxInfo, SandboxStatus
+from orchard.env.snapshot_schema import SnapshotInfo
 from orchard.env.state.base import StoreUnavailable
 from orchard.env.state.redis import lock
 from orchard.env.state.redis._net import (

@@ -1,0 +1,88 @@
+"""The wire contract of snapshots and forks: a sandbox's files kept at one moment, and the
+sandboxes branched off them (see docs/guides/snapshots.md)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchard.env.schema import SANDBOX_ID_PATTERN, SandboxInfo
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SnapshotStatus(StrEnum):
+    pending = "pending"  # being taken
+    ready = "ready"
+    deleted = "deleted"
+
+
+class SnapshotRequest(_Strict):
+    snapshot_id: Annotated[str | None, Field(pattern=SANDBOX_ID_PATTERN)] = None
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    ttl: float | None = Field(
+        None, gt=0, le=30 * 24 * 3600,
+        description="Seconds the snapshot is kept (default: the server's snapshot_ttl, 24 h).")
+    keep: bool = Field(
+        False, description="Keep it until it is deleted (no expiry; 'ttl' must be left out). "
+        "Built images and their cached steps are kept so.")
+
+    @model_validator(mode="after")
+    def _keep_or_ttl(self) -> SnapshotRequest:
+        if self.keep and self.ttl is not None:
+            raise ValueError("a snapshot is either kept until deleted (keep) or for a ttl: "
+                             "give one of them")
+        return self
+
+
+class SnapshotUpdate(_Strict):
+    labels: dict[str, str | None] = Field(
+        default_factory=dict, max_length=64,
+        description="Labels to set; a null value removes that label.")
+
+
+class SnapshotInfo(BaseModel):
+    """A sandbox's files at one moment: what it wrote over its image (running processes and
+    memory are not kept). Sandboxes created from it share it read-only."""
+
+    snapshot_id: str
+    sandbox_id: str = Field(description="The sandbox it was taken of.")
+    image: str
+    status: SnapshotStatus
+    size_bytes: int = Field(description="Bytes on disk of what the snapshot itself holds.")
+    created_at: datetime
+    expires_at: datetime | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    parent: str | None = Field(None, description="The snapshot its sandbox started from.")
+    backend: str = "local"
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotInfo]
+
+
+class SnapshotDeleted(BaseModel):
+    snapshot_id: str
+    status: Literal["deleted"] = "deleted"
+    found: bool = Field(True, description="False: there was no such snapshot; deleting is "
+                        "idempotent, so this is no error.")
+
+
+class ForkRequest(_Strict):
+    count: int = Field(1, ge=1, le=1000, description="How many sandboxes to branch off.")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64,
+                                   description="Added to the source's labels on every fork.")
+    ttl: float | None = Field(None, gt=0, le=7 * 24 * 3600)
+    keep_snapshot: bool = Field(
+        False, description="Keep the snapshot the forks start from (else it is deleted once "
+        "they are created; its files stay as long as a fork uses them).")
+
+
+class ForkResponse(BaseModel):
+    snapshot_id: str
+    sandboxes: list[SandboxInfo]
