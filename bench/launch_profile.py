@@ -32,9 +32,11 @@ The figures of issue 32, section 3, from one run (both sides measured in it):
      delete is counted in "zygote children" (it descends from the zygote).
    The sum is compared with the machine's busy CPU over the same lifecycles; the difference
    (kernel threads, the bench client, perf itself, and the other load on a shared machine) is
-   shown as "not attributed". In-sandbox: the cgroup v2 ``cpu.stat`` usage of the sandbox's
-   cgroup when ready (the chain after ``launch.sh`` joined it, the spawn child after it
-   joined, the agent's start), a cross-check that overlaps the stages above.
+   shown as "not attributed". The same loop times create -> ready and the exec (wall clock,
+   one at a time, with the two perf counters attached). In-sandbox: the cgroup v2
+   ``cpu.stat`` usage of the sandbox's cgroup when ready (the chain after ``launch.sh``
+   joined it, the spawn child after it joined, the agent's start), a cross-check that
+   overlaps the stages above.
 
 2. The burst: ``burst.burst`` of bench/burst.py (create, wait ready, exec ``echo ok``,
    delete; all must succeed) of N at C in flight, and the same number of bare
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,6 +160,8 @@ def cpu_profile(srv: BenchServer, n: int) -> dict[str, Any]:
     acc = dict.fromkeys(("orch_create", "orch_exec", "orch_delete", "agent_start", "agent_exec",
                          "in_sandbox_ready"), 0.0)
     failures = 0
+    create_s: list[float] = []
+    exec_s: list[float] = []
     perf_orch, perf_zyg = PerfTaskClock(server), PerfTaskClock(zygote)
     group0 = cgroup_usage_s(group) if group.is_dir() else 0.0  # made with the first sandbox
     orch0, zyg0 = process_cpu_s(server), process_cpu_s(zygote)
@@ -164,16 +169,18 @@ def cpu_profile(srv: BenchServer, n: int) -> dict[str, Any]:
     try:
         with SandboxClient(srv.url, timeout=120.0) as client:
             for _ in range(n):
-                a = process_cpu_s(server)
+                a, t_a = process_cpu_s(server), time.perf_counter()
                 sb = client.create_sandbox("host")
-                b = process_cpu_s(server)
+                b, t_b = process_cpu_s(server), time.perf_counter()
+                create_s.append(t_b - t_a)
                 agent = int((sandboxes / sb.id / "agent.pid").read_text())
                 start = threads_cpu_s(agent)
                 ready = cgroup_usage_s(group / sb.id)
                 acc["in_sandbox_ready"] += ready
-                c = process_cpu_s(server)
+                c, t_c = process_cpu_s(server), time.perf_counter()
                 r = sb.exec("echo ok")
-                d = process_cpu_s(server)
+                d, t_d = process_cpu_s(server), time.perf_counter()
+                exec_s.append(t_d - t_c)
                 failures += r.stdout != "ok\n"
                 acc["agent_exec"] += cgroup_usage_s(group / sb.id) - ready
                 e = process_cpu_s(server)
@@ -211,6 +218,8 @@ def cpu_profile(srv: BenchServer, n: int) -> dict[str, Any]:
         "not_attributed_ms": 1000 * (busy - attributed - client_cpu) / n,
         "in_sandbox_cgroup_at_ready_ms": 1000 * acc["in_sandbox_ready"] / n,
         "sandbox_group_cgroup_total_ms": 1000 * (cgroup_usage_s(group) - group0) / n,
+        "create_to_ready_ms": summarize_ms(create_s),
+        "exec_ms": summarize_ms(exec_s),
         "loadavg_after": os.getloadavg(),
     }
 
@@ -293,6 +302,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.n, args.profile_n, args.idle_n = 50, 10, 5
+    if shutil.which("perf") is None:
+        parser.error("perf is not installed: apt-get install linux-perf (the Makefile lists it)")
     results: dict[str, Any] = {"loadavg_at_start": os.getloadavg(), "trees": {}}
     trees: list[tuple[str, Path | None]] = [("this", None)]
     if args.baseline_tree:
@@ -332,6 +343,9 @@ def report(args: Any, r: dict[str, Any]) -> None:
                        ("in_sandbox_cgroup_at_ready_ms", "cross-check: sandbox cgroup at ready"),
                        ("sandbox_group_cgroup_total_ms", "cross-check: sandbox cgroups, total")):
         rows.append((label, *(c[key] for c in cpus)))
+    for key, label in (("create_to_ready_ms", "latency: create -> ready p50 / p99 (wall)"),
+                       ("exec_ms", "latency: exec `echo ok` p50 / p99 (wall)")):
+        rows.append((label, *(f"{c[key]['p50']:.1f} / {c[key]['p99']:.1f}" for c in cpus)))
     print_table(f"CPU ms per lifecycle (create, exec, delete), {cpus[0]['n']} one at a time",
                 ["stage", *names], rows)
     bare = r["bare_bwrap"]
