@@ -19,6 +19,8 @@ from orchard.env.schema import LimitReport, SandboxInfo, SandboxStatus
 from orchard.env.state.base import StateStore
 
 LIVE = (SandboxStatus.pending, SandboxStatus.running, SandboxStatus.paused)
+# Marks a warm pool's sandbox not yet taken (its value: the pool's name); see pools.py.
+POOL_LABEL = "orchard.pool"
 
 
 def utc_time(ts: float | None = None) -> datetime:
@@ -94,8 +96,10 @@ class SandboxRecords:
 
     async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
         want = (labels or {}).items()
+        # A pool's sandboxes are nobody's until taken.
         return [r for r in await self.store.list_sandboxes()
-                if r.status != SandboxStatus.deleted and want <= r.labels.items()]
+                if r.status != SandboxStatus.deleted and want <= r.labels.items()
+                and POOL_LABEL not in r.labels]
 
     async def wait(self, sid: str, timeout: float) -> SandboxInfo:
         deadline = time.monotonic() + timeout
