@@ -68,8 +68,12 @@ def test_pool_take_refill_mismatch_and_no_reuse(data_dir: Path, orchestrator: st
             launched = sandbox_dirs(d)
             assert len(launched) == 2
             for sid in launched:
-                r = http.post(f"/sandboxes/{sid}/exec", json={"command": "true"})
-                assert r.status_code == 404, r.text
+                for method, path, body in (("POST", "exec", {"command": "true"}),
+                                           ("GET", "", None), ("POST", "pause", None),
+                                           ("POST", "snapshot", {}), ("POST", "fork", {})):
+                    r = http.request(method, f"/sandboxes/{sid}/{path}".rstrip("/"),
+                                     json=body)
+                    assert r.status_code == 404, (path, r.text)
 
             # Nobody can make a sandbox that would join a pool.
             r = http.post("/sandboxes", json={"image": "host", "memory": "256Mi",

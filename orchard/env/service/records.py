@@ -89,8 +89,10 @@ class SandboxRecords:
         return live
 
     async def get(self, sid: str) -> SandboxInfo:
+        """A sandbox's record, as its user sees it: a pool's sandbox is nobody's until taken,
+        so nothing (read, pause, snapshot, fork) reaches it before."""
         rec = await self.store.get_sandbox(sid)
-        if rec is None:
+        if rec is None or POOL_LABEL in rec.labels:
             raise NotFound(f"no sandbox {sid!r}; list them with GET /sandboxes")
         return rec
 
