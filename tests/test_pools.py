@@ -160,6 +160,14 @@ def _restart_with_a_pool(d: Path, tmp_path: Path) -> None:
             assert len(seen) == 3
             assert http.delete(f"/sandboxes/{taken['sandbox_id']}").status_code == 200
             assert wait_until(lambda: gone(taken["sandbox_id"], d))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        # Restarted without the pool: its sandboxes go, nothing else is launched.
+        proc = _start_server(d, port, log, reconcile_interval=0.5)
+        with httpx.Client(base_url=url, timeout=60) as http:
+            assert http.get("/pools").json() == []
+            assert wait_until(lambda: all(gone(sid, d) for sid in seen), 60)
+            assert sandbox_dirs(d) == set()
     finally:
         seen |= sandbox_dirs(d)
         proc.terminate()

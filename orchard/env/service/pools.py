@@ -134,8 +134,14 @@ class Pools:
 
     async def fill(self) -> None:
         """A pass: launch each pool's missing sandboxes, delete its surplus (a smaller size
-        after a restart). A create that fails raises, so the loop backs off."""
+        after a restart) and the sandboxes of pools gone from the settings. A create that
+        fails raises, so the loop backs off."""
         async with self._filling:
+            # A pool no longer configured (a restart with other settings): its sandboxes
+            # would never be taken.
+            for rec in list(self.records.live.values()):
+                if rec.labels.get(POOL_LABEL, "") not in ("", *self.entries):
+                    await self.lifecycle.delete(rec.sandbox_id, "its pool is not configured")
             for name, entry in self.entries.items():
                 if self._closed:
                     return
