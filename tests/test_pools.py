@@ -13,7 +13,16 @@ from orchard.env.config import PoolEntry
 from orchard.env.schema import CreateSandboxRequest
 from orchard.env.server import EmbeddedOrchestrator
 from orchard.env.service.pools import matches
-from tests.conftest import free_port, needs_root, run, short_data_dir, wait_until
+from tests.conftest import (
+    free_port,
+    kube_settings,
+    needs_root,
+    run,
+    short_data_dir,
+    wait_until,
+)
+from tests.fakekube.cluster import FakeCluster
+from tests.test_kubernetes_backend import IMAGE, namespace, orchard_pods, short_dir
 from tests.test_lifecycle import _start_server, force_remove, gone
 
 SMALL = {"name": "small", "image": "host", "size": 2, "memory": "256Mi"}
@@ -174,3 +183,23 @@ def _restart_with_a_pool(d: Path, tmp_path: Path) -> None:
         proc.wait(20)
         for sid in seen:
             force_remove(sid)
+
+
+@needs_root
+def test_a_kubernetes_pool_is_ready_pods(fake_cluster: FakeCluster) -> None:
+    api = fake_cluster.api
+    with namespace(api, "orchard-pools") as ns, short_dir() as data, EmbeddedOrchestrator(
+            data_dir=data, pools=[{"name": "kube", "image": IMAGE, "size": 2}],
+            **kube_settings(fake_cluster, namespace=ns)) as url, \
+            httpx.Client(base_url=url, timeout=60) as http:
+        assert wait_until(lambda: ready(http, "kube") == 2, 120)
+        pods = orchard_pods(api, ns)
+        assert len(pods) == 2
+        taken = http.post("/sandboxes", json={"image": IMAGE, "labels": {"who": "k"}}).json()
+        assert taken["pool"] == "kube" and taken["status"] == "running", taken
+        assert taken["sandbox_id"] in pods and taken["labels"] == {"who": "k"}
+        assert run(http, taken["sandbox_id"], command="echo ok")["stdout"] == "ok\n"
+        # Refilled with a new pod; the taken one stays the caller's.
+        assert wait_until(lambda: ready(http, "kube") == 2, 120)
+        assert wait_until(lambda: len(orchard_pods(api, ns)) == 3, 60)
+    # namespace() checks on the way out that the orchestrator's stop left no pod behind.
