@@ -95,6 +95,11 @@ def test_pool_take_refill_mismatch_and_no_reuse(data_dir: Path, orchestrator: st
             listed = http.get("/sandboxes").json()["sandboxes"]
             assert [s["sandbox_id"] for s in listed] == [first["sandbox_id"]]
             a = first["sandbox_id"]
+            # The take is logged as a create, with its shape (what a replay starts from).
+            events = http.get(f"/sandboxes/{a}/events").json()["events"]
+            taken_event = [e for e in events if e["kind"] == "created"][-1]
+            assert taken_event["data"]["pool"] == "small"
+            assert taken_event["data"]["memory"] == "256Mi"
             assert run(http, a, command="echo secret > /workspace/mine; echo hi > /tmp/t")[
                 "exit_code"] == 0
             # The pool refills in the background.

@@ -113,8 +113,13 @@ class Pools:
             if claimed and rec is not None:
                 self.hits[entry.name] += 1
                 self.metrics.pool_hits.labels(entry.name).inc()
+                # As a cold create logs it (a replay starts from it), and which pool served it.
                 await self.events.record(rec, EventKind.created, now, image=rec.image,
-                                         pool=entry.name, labels=req.labels, ttl=req.ttl)
+                                         block_network=rec.block_network, cpu=rec.cpu,
+                                         memory=rec.memory, pids=rec.pids, disk=rec.disk,
+                                         env=req.env, model_proxy=False, timeout=req.timeout,
+                                         ttl=req.ttl, egress=rec.egress, from_snapshot=None,
+                                         workdir=None, pool=entry.name)
                 self._refill()
                 return rec
         self.misses[entry.name] += 1
