@@ -89,10 +89,11 @@ async def test_a_partial_first_pass_starts_the_loops_and_a_failed_one_does_not()
 
 def test_loop_periods_default_to_the_reconcile_interval() -> None:
     assert Settings(reconcile_interval=3).loop_periods() == {
-        "sandboxes": 3, "jobs": 3, "snapshots": 3, "prune": 3}
+        "sandboxes": 3, "jobs": 3, "snapshots": 3, "prune": 3, "pools": 3}
     assert Settings(reconcile_interval=3, job_reconcile_interval=1,
-                    snapshot_reconcile_interval=2, prune_interval=60).loop_periods() == {
-        "sandboxes": 3, "jobs": 1, "snapshots": 2, "prune": 60}
+                    snapshot_reconcile_interval=2, prune_interval=60,
+                    pool_interval=4).loop_periods() == {
+        "sandboxes": 3, "jobs": 1, "snapshots": 2, "prune": 60, "pools": 4}
 
 
 def scrape(http: httpx.Client) -> dict[tuple[str, str], float]:

@@ -18,11 +18,32 @@ from orchard.env.backends.kubernetes.config import KubernetesConfig
 from orchard.env.images_config import ImagesConfig, RegistryCredentials
 from orchard.http_guard import LOOPBACK_HOSTS, host_patterns, origin_patterns
 
-__all__ = ["ImagesConfig", "RegistryCredentials", "Settings", "default_data_dir"]
+__all__ = ["ImagesConfig", "PoolEntry", "RegistryCredentials", "Settings", "default_data_dir"]
 
 
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("orchard"))
+
+
+class PoolEntry(BaseModel):
+    """One warm pool: ``size`` sandboxes of this shape kept ready. A create takes one when it
+    asks for the same image, resources and network mode and nothing a running sandbox cannot
+    take on afterwards (see docs/guides/pools.md)."""
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field("", pattern=r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$|^$",
+                      description="The pool's name (its metrics' label); default pool-<index>.")
+    image: str = "host"
+    size: int = Field(1, ge=0)
+    cpu: str | None = None
+    memory: str | None = None
+    pids: int | None = None
+    disk: str | None = None
+    block_network: bool = True  # a create's default
+    egress: list[str] | None = None
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels its sandboxes carry (a create's own win).")
 
 
 class Settings(BaseModel):
@@ -36,6 +57,12 @@ class Settings(BaseModel):
     backend: str = Field("local", description="local or kubernetes")
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     images: ImagesConfig = Field(default_factory=ImagesConfig)
+    pools: list[PoolEntry] = Field(
+        default_factory=list, description="Warm pools: sandboxes kept ready for the creates "
+        "that match them (docs/guides/pools.md).")
+    pool_interval: float | None = Field(
+        None, gt=0, description="Seconds between passes of the pool refill loop (a take also "
+        "starts one). Default: reconcile_interval.")
     api_keys: list[str] = Field(default_factory=list)
     allowed_hosts: list[str] | None = Field(
         None, description="Host names (the Host header, any port) the API answers: a name, an "
@@ -106,6 +133,15 @@ class Settings(BaseModel):
         "(and, beyond its max_bytes, a Kubernetes snapshot archive), bytes: 413 up front when "
         "the agent gives the size, else the transfer is cut there.")
 
+    @field_validator("pools")
+    @classmethod
+    def _pool_names(cls, value: list[PoolEntry]) -> list[PoolEntry]:
+        named = [e.model_copy(update={"name": e.name or f"pool-{i}"}) for i, e in enumerate(value)]
+        names = [e.name for e in named]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must differ: {names}")
+        return named
+
     @field_validator("allowed_hosts")
     @classmethod
     def _hosts(cls, value: list[str] | None) -> list[str] | None:
@@ -127,7 +163,8 @@ class Settings(BaseModel):
         default = self.reconcile_interval
         return {"sandboxes": default, "jobs": self.job_reconcile_interval or default,
                 "snapshots": self.snapshot_reconcile_interval or default,
-                "prune": self.prune_interval or default}
+                "prune": self.prune_interval or default,
+                "pools": self.pool_interval or default}
 
     def state_url(self) -> str:
         return self.state or f"sqlite:///{self.data_dir / 'state.db'}"

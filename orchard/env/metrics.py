@@ -37,3 +37,13 @@ class Metrics:
         self.loop_last_success = Gauge("orchard_reconcile_last_success_timestamp_seconds",
                                        "Unix time of the loop's last complete pass (0: none "
                                        "yet)", ["loop"], registry=r)
+        # One series per warm pool (label "pool"): see orchard/env/service/pools.py.
+        self.pool_size = Gauge("orchard_pool_size", "Sandboxes the pool keeps ready (target)",
+                               ["pool"], registry=r)
+        self.pool_ready = Gauge("orchard_pool_ready", "Pool sandboxes ready to be taken",
+                                ["pool"], registry=r)
+        self.pool_hits = Counter("orchard_pool_hits", "Creates served from the pool",
+                                 ["pool"], registry=r)
+        self.pool_misses = Counter("orchard_pool_misses",
+                                   "Creates that matched the pool but found none ready",
+                                   ["pool"], registry=r)

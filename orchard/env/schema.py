@@ -193,6 +193,7 @@ class SandboxInfo(BaseModel):
     backend: str = "local"
     exclusive_exec: bool = False
     replica: str | None = Field(None, description="The orchestrator replica that launched it.")
+    pool: str | None = Field(None, description="The warm pool it was taken from, if any.")
     session: str | None = None
     model_base_url: str | None = Field(
         None, description="The recording proxy's OpenAI base URL as seen from inside the "
@@ -427,6 +428,18 @@ class EventKind(StrEnum):
     paused = "paused"
     resumed = "resumed"
     deleted = "deleted"
+
+
+class PoolInfo(BaseModel):
+    """A warm pool (GET /pools): its entry in orchard.yaml and how it fares."""
+
+    name: str
+    entry: dict[str, Any] = Field(description="The pool's entry, as configured.")
+    size: int = Field(description="Sandboxes it keeps ready (the target).")
+    ready: int = Field(description="Sandboxes ready to be taken now.")
+    starting: int = Field(description="Sandboxes launching to refill it.")
+    hits: int = Field(description="Creates that took one of its sandboxes.")
+    misses: int = Field(description="Creates that matched it but found none ready.")
 
 
 class SandboxEvent(BaseModel):

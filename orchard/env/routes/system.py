@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from orchard.env.routes.common import ERRORS
-from orchard.env.schema import Health, Resources
+from orchard.env.schema import Health, PoolInfo, Resources
 from orchard.env.service import SandboxService
 from orchard.version import __version__
 
@@ -39,8 +39,14 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
             cgroup=service.backend.describe(),
         )
 
+    @api.get("/pools", response_model=list[PoolInfo], dependencies=secured, responses=ERRORS)
+    async def pools() -> list[PoolInfo]:
+        """The warm pools of orchard.yaml's ``pools:``, their ready count and their hits."""
+        return service.pools.info()
+
     @api.get("/metrics", dependencies=secured)
     async def metrics() -> Response:
+        service.pools.info()  # refreshes the pools' ready gauges
         service.metrics.live.set(service.records.active_count())
         service.metrics.in_flight.set(service.lifecycle.creates_in_flight)
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

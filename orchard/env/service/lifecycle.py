@@ -43,7 +43,13 @@ from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.schema import CreateSandboxRequest, EventKind, SandboxInfo, SandboxStatus
 from orchard.env.service.images import image_error
 from orchard.env.service.reconciler import PartialPass, listed
-from orchard.env.service.records import LIVE, SandboxRecords, became_ready, utc_time
+from orchard.env.service.records import (
+    LIVE,
+    POOL_LABEL,
+    SandboxRecords,
+    became_ready,
+    utc_time,
+)
 from orchard.env.snapshot_schema import SnapshotInfo
 from orchard.env.state.base import StateStore
 
@@ -63,6 +69,12 @@ class SnapshotSource(Protocol):
     async def built_image(self, name: str) -> tuple[SnapshotInfo, ImageConfig] | None: ...
 
 
+class PoolTaker(Protocol):
+    """Where a create first looks for a ready sandbox (the warm pools)."""
+
+    async def take(self, req: CreateSandboxRequest) -> SandboxInfo | None: ...
+
+
 class Lifecycle:
     def __init__(self, records: SandboxRecords, store: StateStore, backend: Backend,
                  settings: Settings, metrics: Metrics, events: EventLog, replica: str,
@@ -75,6 +87,7 @@ class Lifecycle:
         self.events = events
         self.replica = replica
         self.snapshots = snapshots
+        self.pool: PoolTaker | None = None
         self._agents: dict[str, AgentClient] = {}
         self._launches: dict[str, asyncio.Task[None]] = {}
         self._teardowns: dict[str, asyncio.Task[None]] = {}
@@ -105,9 +118,18 @@ class Lifecycle:
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def create(self, req: CreateSandboxRequest, *, queued: bool = False) -> SandboxInfo:
-        """Record and launch a sandbox; ``queued`` ones (forks) wait for a launch slot instead
-        of being turned away when max_concurrent_creates are in flight."""
+    async def create(self, req: CreateSandboxRequest, *, queued: bool = False,
+                     for_pool: bool = False) -> SandboxInfo:
+        """Record and launch a sandbox; ``queued`` ones (forks, pools) wait for a launch slot
+        instead of being turned away when max_concurrent_creates are in flight. A create that
+        a warm pool can serve takes its sandbox instead, ready at once; ``for_pool`` ones are
+        the pool's own launches."""
+        if not for_pool:
+            if POOL_LABEL in req.labels:  # else a user's sandbox could join a pool
+                raise BadRequest(f"the label {POOL_LABEL!r} is reserved for warm pools; "
+                                 "use another key")
+            if self.pool is not None and (taken := await self.pool.take(req)) is not None:
+                return taken
         sid = req.sandbox_id or f"sb-{uuid.uuid4().hex[:12]}"
         image = req.image or "host"
         from_snapshot, env, workdir = req.from_snapshot, req.env, req.workdir
@@ -377,7 +399,8 @@ class Lifecycle:
 
     async def running(self, sid: str) -> tuple[SandboxInfo, AgentClient]:
         rec = await self.store.get_sandbox(sid)
-        if rec is None or rec.status == SandboxStatus.deleted:
+        # A pool's sandbox is reached by nobody before it is taken: it must stay untouched.
+        if rec is None or rec.status == SandboxStatus.deleted or POOL_LABEL in rec.labels:
             raise NotFound(f"no sandbox {sid!r}; list them with GET /sandboxes")
         if rec.status == SandboxStatus.pending:
             # A request right after a create that did not wait waits for the start, briefly,

@@ -19,6 +19,8 @@ from orchard.env.schema import LimitReport, SandboxInfo, SandboxStatus
 from orchard.env.state.base import StateStore
 
 LIVE = (SandboxStatus.pending, SandboxStatus.running, SandboxStatus.paused)
+# Marks a warm pool's sandbox not yet taken (its value: the pool's name); see pools.py.
+POOL_LABEL = "orchard.pool"
 
 
 def utc_time(ts: float | None = None) -> datetime:
@@ -87,15 +89,19 @@ class SandboxRecords:
         return live
 
     async def get(self, sid: str) -> SandboxInfo:
+        """A sandbox's record, as its user sees it: a pool's sandbox is nobody's until taken,
+        so nothing (read, pause, snapshot, fork) reaches it before."""
         rec = await self.store.get_sandbox(sid)
-        if rec is None:
+        if rec is None or POOL_LABEL in rec.labels:
             raise NotFound(f"no sandbox {sid!r}; list them with GET /sandboxes")
         return rec
 
     async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
         want = (labels or {}).items()
+        # A pool's sandboxes are nobody's until taken.
         return [r for r in await self.store.list_sandboxes()
-                if r.status != SandboxStatus.deleted and want <= r.labels.items()]
+                if r.status != SandboxStatus.deleted and want <= r.labels.items()
+                and POOL_LABEL not in r.labels]
 
     async def wait(self, sid: str, timeout: float) -> SandboxInfo:
         deadline = time.monotonic() + timeout

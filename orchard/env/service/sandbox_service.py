@@ -8,6 +8,7 @@ and starts and stops them together. Backend- and store-agnostic.
 - snapshots (snapshots.py) and branching (branching.py): snapshots, forks, pause and resume;
 - ops (sandbox_ops.py): the other agent operations (files, patches, processes, browser);
 - images (images.py): the backend's image cache, if it keeps one;
+- pools (pools.py): the warm pools, refilled by their loop, taken from by creates;
 - reconciler (reconciler.py): the control loops that keep store and backend in agreement.
 """
 
@@ -28,6 +29,7 @@ from orchard.env.service.branching import Branching
 from orchard.env.service.exec_jobs import ExecJobs
 from orchard.env.service.images import Images
 from orchard.env.service.lifecycle import Lifecycle
+from orchard.env.service.pools import Pools
 from orchard.env.service.reconciler import ControlLoop, Reconciler
 from orchard.env.service.records import SandboxRecords
 from orchard.env.service.sandbox_ops import SandboxOps
@@ -61,8 +63,12 @@ class SandboxService:
                                    backend, settings, self.events, self.background)
         self.ops = SandboxOps(self.lifecycle, self.events, backend)
         self.images = Images(backend)
+        self.pools = Pools(self.records, self.lifecycle, settings, self.metrics, self.events)
+        if settings.pools:
+            self.lifecycle.pool = self.pools
         passes = {"sandboxes": self._reconcile_sandboxes, "jobs": self.jobs.fail_orphans,
-                  "snapshots": self.snapshots.collect, "prune": self._prune}
+                  "snapshots": self.snapshots.collect, "prune": self._prune,
+                  "pools": self.pools.fill}
         periods = settings.loop_periods()
         self.reconciler = Reconciler([
             ControlLoop(name, periods[name], run, self.metrics, settings.reconcile_max_backoff)
@@ -84,6 +90,7 @@ class SandboxService:
 
     async def stop(self, delete_all: bool = False) -> None:
         await self.reconciler.stop()
+        await self.pools.close()
         if delete_all:
             await self.lifecycle.delete_own()
         await asyncio.gather(self.lifecycle.settle(), self.background.drain())
