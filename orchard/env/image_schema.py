@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from orchard.env.schema import StrictModel
 
 # Why an image could not be had; the HTTP status a create answers with for each.
 ImageErrorKind = Literal["invalid_reference", "forbidden", "not_found", "unauthorized",
@@ -23,11 +25,9 @@ def _str_list(value: Any) -> list[str] | None:
     return [str(v) for v in value] if isinstance(value, list) else None
 
 
-class ImageConfig(BaseModel):
+class ImageConfig(StrictModel):
     """What a Dockerfile recorded besides files: applied to every sandbox of the image (env,
     workdir) or kept for whoever runs it (user, entrypoint, cmd, the rest)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
@@ -77,9 +77,7 @@ class ImageList(BaseModel):
     max_bytes: int | None = Field(None, description="The cache's cap (images.max_cache_bytes).")
 
 
-class PullImageRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PullImageRequest(StrictModel):
     image: str = Field(min_length=1, max_length=4096, description="A registry reference "
                        "(python:3.12-slim, ghcr.io/org/img:tag, name@sha256:...).")
 

@@ -64,11 +64,13 @@ class JobStatus(StrEnum):
     failed = "failed"
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A request body: an unknown field is a 422 naming it, not silently dropped."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class CreateSandboxRequest(_Strict):
+class CreateSandboxRequest(StrictModel):
     image: str | None = Field(
         None,
         description="'host' (read-only view of the host system; the default), a registry "
@@ -224,7 +226,7 @@ class DeleteResponse(BaseModel):
                         "pruned long ago); deleting is idempotent, so this is no error.")
 
 
-class ExecRequest(_Strict):
+class ExecRequest(StrictModel):
     command: str | list[str] | None = Field(
         None, description="Shell command: run by /bin/bash -c when the image has bash, else "
         "/bin/sh -c. A list is joined with spaces into one such command (the reference "
@@ -333,7 +335,7 @@ class ProcessOutput(BaseModel):
     stderr_dropped: int = 0
 
 
-class PatchRequest(_Strict):
+class PatchRequest(StrictModel):
     patch: str = Field(min_length=1)
     timeout_seconds: float = Field(60, gt=0, le=3600)
     cwd: str | None = Field(None, description="Directory to apply in (default /workspace).")
@@ -348,7 +350,7 @@ class PatchResponse(BaseModel):
     attempts: list[str] = Field(default_factory=list, description="Why each method failed.")
 
 
-class FileUpload(_Strict):
+class FileUpload(StrictModel):
     path: str = Field(min_length=1, max_length=4096)
     content: str = Field(description="File content, base64.")
     mode: int | None = Field(None, ge=0, le=0o7777)
@@ -377,7 +379,7 @@ class FileDownload(BaseModel):
     size: int
 
 
-class PathRequest(_Strict):
+class PathRequest(StrictModel):
     path: str = Field(min_length=1, max_length=4096)
     recursive: bool = False
 

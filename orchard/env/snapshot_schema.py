@@ -7,13 +7,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from orchard.env.schema import SANDBOX_ID_PATTERN, SandboxInfo
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from orchard.env.schema import SANDBOX_ID_PATTERN, SandboxInfo, StrictModel
 
 
 class SnapshotStatus(StrEnum):
@@ -22,7 +18,7 @@ class SnapshotStatus(StrEnum):
     deleted = "deleted"
 
 
-class SnapshotRequest(_Strict):
+class SnapshotRequest(StrictModel):
     snapshot_id: Annotated[str | None, Field(pattern=SANDBOX_ID_PATTERN)] = None
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
     ttl: float | None = Field(
@@ -40,7 +36,7 @@ class SnapshotRequest(_Strict):
         return self
 
 
-class SnapshotUpdate(_Strict):
+class SnapshotUpdate(StrictModel):
     labels: dict[str, str | None] = Field(
         default_factory=dict, max_length=64,
         description="Labels to set; a null value removes that label.")
@@ -73,7 +69,7 @@ class SnapshotDeleted(BaseModel):
                         "idempotent, so this is no error.")
 
 
-class ForkRequest(_Strict):
+class ForkRequest(StrictModel):
     count: int = Field(1, ge=1, le=1000, description="How many sandboxes to branch off.")
     labels: dict[str, str] = Field(default_factory=dict, max_length=64,
                                    description="Added to the source's labels on every fork.")
