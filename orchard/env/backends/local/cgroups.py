@@ -319,6 +319,13 @@ class CgroupManager:
 
     # -- membership ----------------------------------------------------------------------
 
+    def membership(self, sandbox_id: str) -> tuple[Path | None, list[Path]]:
+        """How a launch joins the sandbox's cgroups: the v2 directory (a clone3 is born into
+        it, CLONE_INTO_CGROUP) and the ``cgroup.procs`` of each v1 hierarchy."""
+        files = self.procs_files(sandbox_id)
+        v2 = self._dir(self._v2, sandbox_id) if self._v2 else None
+        return v2, [f for f in files if f.parent != v2]
+
     def procs_files(self, sandbox_id: str) -> list[Path]:
         """Every ``cgroup.procs`` a launcher must write its own pid into before exec."""
         dirs = self._dirs(sandbox_id)
