@@ -50,6 +50,7 @@ The figures of issue 32, section 3, from one run (both sides measured in it):
 
     .venv/bin/python bench/launch_profile.py                        # this checkout
     .venv/bin/python bench/launch_profile.py --baseline-tree /work/base --tag issue32
+    .venv/bin/python bench/launch_profile.py --baseline-tree A --baseline-tree B  # both
     .venv/bin/python bench/launch_profile.py --quick
 """
 
@@ -202,9 +203,11 @@ def cpu_profile(srv: BenchServer, n: int) -> dict[str, Any]:
         "orchestrator: delete request (teardown)": acc["orch_delete"],
         "orchestrator: between requests": orch - acc["orch_create"] - acc["orch_exec"]
         - acc["orch_delete"],
-        "launch chain (unshare, bash, mount, setpriv, bwrap, holder)": orch_tree - orch,
+        "orchestrator's children (before #32: unshare, bash, mount, setpriv, bwrap, holder)":
+            orch_tree - orch,
         "zygote itself (its forks)": zyg,
-        "zygote children (userns child, spawn child, exits)": zyg_tree - zyg - agents,
+        "zygote children (launcher, holder; before #32: userns and spawn children)":
+            zyg_tree - zyg - agents,
         "agent start": acc["agent_start"],
         "agent exec (incl. the shell)": acc["agent_exec"],
     }
@@ -297,8 +300,9 @@ def main() -> int:
     parser.add_argument("--idle-n", type=int, default=50, help="idle sandboxes measured")
     parser.add_argument("--settle", type=float, default=2.0)
     parser.add_argument("--retries", type=int, default=30, help="SDK retries on 503")
-    parser.add_argument("--baseline-tree", type=Path, default=None,
-                        help="another checkout measured in the same run (git worktree add)")
+    parser.add_argument("--baseline-tree", type=Path, action="append", default=[],
+                        help="another checkout measured in the same run (git worktree add); "
+                             "repeat for several")
     args = parser.parse_args()
     if args.quick:
         args.n, args.profile_n, args.idle_n = 50, 10, 5
@@ -306,8 +310,7 @@ def main() -> int:
         parser.error("perf is not installed: apt-get install linux-perf (the Makefile lists it)")
     results: dict[str, Any] = {"loadavg_at_start": os.getloadavg(), "trees": {}}
     trees: list[tuple[str, Path | None]] = [("this", None)]
-    if args.baseline_tree:
-        trees.append(("baseline", args.baseline_tree.resolve()))
+    trees += [(tree.name, tree.resolve()) for tree in args.baseline_tree]
     # The bare burst before and after the sandboxes: the machine's drift shows between them.
     console.print(f"bare bwrap burst of {args.n} at {args.concurrency} ...")
     bare = [asyncio.run(bare_bwrap_burst(args.n, args.concurrency))]

@@ -1,16 +1,15 @@
 """The local backend: each sandbox is a set of namespaces over a private overlay.
 
-Launch chain, per sandbox (``jail.py``; nothing execs, and the sandbox's processes are in its
-cgroups before any of them runs):
+Launch chain, per sandbox (``jail.py``; nothing execs, and the sandbox is in its cgroups
+before it runs anything):
 
     zygote  ->  launcher (fork; host root: id maps, mounts)
-            ->  holder (clone3: user, mount, pid, ipc, uts, net namespaces; pid 1)
-            ->  agent (fork, confined: no capabilities, no_new_privs, seccomp)
+            ->  agent (clone3: user, mount, pid, ipc, uts, net namespaces; pid 1; pivot_root,
+                then confined: no capabilities, no_new_privs, seccomp)
 
 Sandbox root is an unprivileged host uid, its own per sandbox (``userns.py``); the launcher
 writes the user namespace's id maps and makes the id-mapped image view the overlay reads.
-
-The holder only keeps the namespaces alive. The agent shares the zygote's pre-loaded pages.
+The agent shares the zygote's pre-loaded pages; as pid 1, its end is the sandbox's end.
 
 The overlay is mounted inside the sandbox's own mount namespace, so it disappears with the
 sandbox's last process: killing the cgroup is a complete teardown even after the orchestrator
@@ -111,7 +110,7 @@ class LocalBackend:
         self.ready_timeout = ready_timeout
         # An embedded orchestrator's sandboxes must not outlive its process (nobody could
         # re-adopt them); a standalone one's do, so a restart can re-adopt them. The embedded
-        # one's holders wait on the zygote's lifeline, whose write end only this process holds
+        # one's agents watch the zygote's lifeline, whose write end only this process holds
         # (it is close-on-exec), so they end with it even after a SIGKILL.
         self._die_with_orchestrator = die_with_orchestrator
         self._slirps: dict[str, subprocess.Popen[bytes]] = {}
@@ -229,7 +228,7 @@ class LocalBackend:
             shutil.rmtree(sdir, ignore_errors=True)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
         # A networked sandbox's slirp4netns exits when this pipe's write end closes; only
-        # the holder keeps that end, so the network goes when the sandbox does.
+        # the agent (pid 1) keeps that end, so the network goes when the sandbox does.
         net_r, net_w = os.pipe() if not spec.block_network else (-1, -1)
         token = spec.agent_token or agent_token(self._secret, spec.sandbox_id)
         try:
@@ -258,7 +257,7 @@ class LocalBackend:
             if reply["launcher"] is not None:
                 record_launcher(sdir, reply["launcher"])
             if not spec.block_network:
-                await self._attach_network(spec, reply["holder"], net_r)
+                await self._attach_network(spec, reply["pid"], net_r)
         except quota.QuotaError as e:
             await self.delete(spec.sandbox_id)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
@@ -277,13 +276,13 @@ class LocalBackend:
             token=token,
         )
 
-    async def _attach_network(self, spec: SandboxSpec, holder: int, exit_fd: int) -> None:
+    async def _attach_network(self, spec: SandboxSpec, agent: int, exit_fd: int) -> None:
         """Egress rules (and an allow-list's resolver) first, then the link: no packet leaves
-        before the rules are in. Both act on a handle of the holder's network namespace,
+        before the rules are in. Both act on a handle of the agent's network namespace,
         never on its pid again."""
         sdir = self._dir(spec.sandbox_id)
         try:
-            netns = await asyncio.to_thread(network.open_netns, holder,
+            netns = await asyncio.to_thread(network.open_netns, agent,
                                             lambda: self.cgroups.pids(spec.sandbox_id))
             try:
                 await self.egress.install(spec.sandbox_id, netns, spec.egress)
@@ -304,8 +303,8 @@ class LocalBackend:
 
     async def _launch(self, spec: SandboxSpec, image: ResolvedImage, request: dict[str, Any],
                       token: str, net_w: int) -> dict[str, Any]:
-        """Has the zygote launch the sandbox (see ``jail.py``): its reply names the agent, the
-        holder and, with a disk quota, the launcher kept alive."""
+        """Has the zygote launch the sandbox (see ``jail.py``): its reply names the agent (the
+        sandbox's pid 1) and, with a disk quota, the launcher kept alive."""
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
         v2, v1 = self.cgroups.membership(spec.sandbox_id)
         request |= {
@@ -391,7 +390,7 @@ class LocalBackend:
             agent = int((self._dir(sandbox_id) / "agent.pid").read_text())
         except (OSError, ValueError):
             return None
-        # The agent itself must be alive: the holder alone keeps the cgroup populated.
+        # The agent itself must be alive (a disk quota's launcher keeps the cgroup populated).
         if not sock.exists() or agent not in self.cgroups.pids(sandbox_id):
             return None
         # The allow-list's resolver lived in the orchestrator that made the sandbox.

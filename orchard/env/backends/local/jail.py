@@ -1,24 +1,22 @@
 """How the zygote builds a sandbox, by syscalls only: no shell, ``mount``, ``setpriv`` or bwrap.
 
-Two forks of the zygote and one clone, none of which execs:
+One fork of the zygote and one clone, neither of which execs:
 
-  launcher (the zygote's child, host root): one clone3 makes the holder in new user, mount,
-      pid, ipc, uts and net namespaces, born into the sandbox's v2 cgroup (CLONE_INTO_CGROUP);
-      it joins the holder to the v1 hierarchies, writes its id maps, makes the id-mapped views
-      of the lower layers, then enters the holder's mount namespace and mounts there: the disk
-      quota's file system, the overlay, and everything bound into the overlay. Paths inside
-      the overlay are resolved with openat2(RESOLVE_IN_ROOT), so no symlink of an image sends
-      a mount made as host root outside the sandbox's root. Then it lets the holder go, and
-      exits once the agent is ready. With a disk quota it stays, in the sandbox's cgroups: its
-      mount namespace holds the disk's mount, which snapshots read (``launcher_root``).
-  holder (pid 1 of the sandbox, root of its user namespace): a cgroup namespace (its cgroups
-      are final now), a mount namespace of its own, pivot_root into the overlay, /proc and
-      /dev/pts, the hostname; forks the agent (see ``zygote._become_agent``), then confines
-      itself as the agent is confined and waits for its lifeline.
-  agent: the holder's child.
+  launcher (the zygote's child, host root): one clone3 makes the sandbox's pid 1 in new user,
+      mount, pid, ipc, uts and net namespaces, born into the sandbox's v2 cgroup
+      (CLONE_INTO_CGROUP); it joins it to the v1 hierarchies, writes its id maps, makes the
+      id-mapped views of the lower layers, then enters its mount namespace and mounts there:
+      the disk quota's file system, the overlay, and everything bound into the overlay. Paths
+      inside the overlay are resolved with openat2(RESOLVE_IN_ROOT), so no symlink of an image
+      sends a mount made as host root outside the sandbox's root. Then it lets the clone go,
+      and exits once the agent is ready. With a disk quota it stays, in the sandbox's cgroups:
+      its mount namespace holds the disk's mount, which snapshots read (``launcher_root``).
+  the clone (pid 1, root of the sandbox's user namespace): a cgroup namespace (its cgroups
+      are final now), ``lo`` up, a mount namespace of its own, pivot_root into the overlay,
+      /proc and /dev/pts, the hostname; then it confines itself and becomes the agent (see
+      ``zygote._become_agent``).
 
-The launcher reads, on a socket pair, "ready" from the agent, or an error from either, or EOF
-if they died.
+The launcher reads, on a socket pair, "ready" from the agent, or an error, or EOF if it died.
 """
 
 import ctypes
@@ -179,7 +177,7 @@ class Root:
 
     def make_dev(self, device_trees):
         """/dev as bwrap's --dev makes it: a small tmpfs, the harmless host devices bound in,
-        the usual links, a devpts mount point (the holder mounts it) and /dev/shm. The
+        the usual links, a devpts mount point (``pivot`` mounts it) and /dev/shm. The
         image's /dev must be a directory (see the caller)."""
         self.bind(fs_tree("tmpfs", {"mode": "0755", "size": "64k", "uid": str(self.uid),
                                     "gid": str(self.uid)},
@@ -230,7 +228,7 @@ def loop_mount(image, target):
 
 
 def clone_sandbox(cgroup_fd):
-    """The holder, pid 1 in new user, mount, pid, ipc, uts and net namespaces; born into the
+    """The sandbox's pid 1 in new user, mount, pid, ipc, uts and net namespaces; born into the
     cgroup of ``cgroup_fd`` (a v2 directory) unless it is -1."""
     flags = (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET
              | CLONE_NEWPID)
@@ -267,7 +265,7 @@ def enter_mounts(pid):
 
 
 def become_root():
-    """In the holder: uid and gid 0 of the new user namespace (the sandbox's unprivileged host
+    """In the clone: uid and gid 0 of the new user namespace (the sandbox's unprivileged host
     uid), keeping the namespace's capabilities (we were not its root), then a cgroup namespace
     rooted at the sandbox's cgroups, which it has joined by now, and the loopback link."""
     os.setgroups([])
@@ -287,7 +285,7 @@ def loopback_up():
 
 
 def pivot(root_fd, hostname):
-    """In the holder: a mount namespace of its own (the launcher's, and the disk mount in it,
+    """In the clone: a mount namespace of its own (the launcher's, and the disk mount in it,
     stay as they are), the overlay as /, /proc and /dev/pts, the host's root gone."""
     # In this order: unshare moves the working directory over to the copy, and pivot_root
     # takes only a mount of our own namespace.

@@ -58,7 +58,7 @@ class Launcher:
                  # relay's, so sandbox code must not replace either (or plant a link).
                  (str(sdir / "ctl"), CTL_MOUNT.lstrip("/"), "dir")]
         # Every sandbox has a network namespace; a networked one gets its link and rules
-        # once the holder is up, and a resolver that the rules let through (with an
+        # once the agent is up, and a resolver that the rules let through (with an
         # allow-list, its own, which answers for the listed names only).
         if not spec.block_network:
             (sdir / "ctl" / "resolv.conf").write_text(network.resolv_conf(spec.egress))

@@ -1,25 +1,27 @@
-"""A fork-server for sandboxes: one pre-loaded interpreter forks every sandbox and its agent.
+"""A fork-server for sandboxes: one pre-loaded interpreter forks every sandbox's agent.
 
 Starting a Python agent in each sandbox costs ~30 ms and ~6 MiB of private heap. Instead, a
-child of this zygote builds the sandbox by syscalls (``jail.py``: one clone3 for the user,
-mount, ipc, uts, net and pid namespaces, born into the sandbox's cgroup; id maps; overlay and
-bind mounts; pivot_root) and its pid 1, the holder, forks the agent. Every one of them shares
-the zygote's pages copy-on-write (``gc.freeze`` keeps the collector from touching them), and
-none execs: an idle agent costs a fraction of a fresh interpreter and starts in about a
-millisecond.
+child of this zygote (the launcher) builds the sandbox by syscalls (``jail.py``: one clone3
+for the user, mount, pid, ipc, uts and net namespaces, born into the sandbox's cgroup; id
+maps; overlay and bind mounts), and the clone, pid 1 of the sandbox, pivots into its root and
+becomes the agent. It shares the zygote's pages copy-on-write (``gc.freeze`` keeps the
+collector from touching them) and never execs: an idle sandbox costs one process, a fraction
+of a fresh interpreter, and starts in a few milliseconds.
 
-What the agent does, in order, before it runs any agent code: new session -> drop every
-capability (bounding set too) -> no_new_privs -> the sandbox's seccomp filter -> close every
-inherited fd but its listening socket (bound on the host by the launcher, in a dir only host
-root may write) and its ready fd -> a clean environment -> imports resolve from the read-only
-interpreter bundle mounted in the sandbox. The holder confines itself the same way.
+What the agent does, in order, once its root is in place and before it runs any agent code:
+new session -> drop every capability (bounding set too) -> no_new_privs -> the sandbox's
+seccomp filter -> close every inherited fd but its listening socket (bound on the host by the
+launcher, in a dir only host root may write), its ready fd, its lifeline and the network
+pipe -> a clean environment -> imports resolve from the read-only interpreter bundle mounted
+in the sandbox. As pid 1 it also reaps every orphan of the sandbox, and its death ends the
+sandbox.
 
 Protocol: one JSON line per connection on a Unix socket, answered with one JSON line:
-  {"launch": {...}} (see ``_launch``), with the write end of the sandbox's network pipe
-  attached (SCM_RIGHTS) when it is networked
-  -> {"pid": AGENT, "holder": PID, "launcher": PID or null} or {"error": "..."}
-The zygote exits when its lifeline (a pipe from the orchestrator) closes; holders launched
-with "lifeline" wait on the same pipe, so those sandboxes end with the orchestrator too.
+  {"launch": {...}} (see ``_launch`` and ``launch.Launcher.request``), with the write end of
+  the sandbox's network pipe attached (SCM_RIGHTS) when it is networked
+  -> {"pid": AGENT, "launcher": PID or null} or {"error": "..."}
+The zygote exits when its lifeline (a pipe from the orchestrator) closes; agents launched
+with "lifeline" watch the same pipe, so those sandboxes end with the orchestrator too.
 """
 
 import contextlib
@@ -119,54 +121,49 @@ def _listen(path):
     return sock
 
 
-def _become_agent(req, seccomp, ready_w, listener):
-    """The holder's child: confine, then serve until killed."""
+def _become_agent(req, seccomp, ready_w, listener, lifeline, keep):
+    """The sandbox's pid 1, once its root is in place: confine, then serve until killed (its
+    death ends the pid namespace, and so the sandbox)."""
     try:
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
         _confine(seccomp)
-        _close_all_but(ready_w, listener)
+        _close_all_but(ready_w, listener, lifeline, *keep)
         os.environ.clear()
         os.environ.update(req["env"])
         sys.path[:] = req["path"]
         argv = ["--listen-fd", str(listener), "--ready-fd", str(ready_w)]
+        if lifeline >= 0:
+            argv += ["--lifeline-fd", str(lifeline)]
         if req.get("forward"):
             argv += ["--forward", req["forward"]]
         if req.get("token"):
             os.environ["ORCHARD_AGENT_TOKEN"] = req["token"]
             argv += ["--token-env", "ORCHARD_AGENT_TOKEN"]
         agent.main(argv)
-    except BaseException:  # noqa: BLE001 - the launcher's log keeps it
+    except BaseException:  # noqa: BLE001 - the zygote's log keeps it
         traceback.print_exc()
     os._exit(1)
 
 
-def _hold(req, seccomp, report, listener, lifeline, keep):
-    """The clone, pid 1 of the sandbox: once the launcher's mounts are in, its root, then the
-    agent, then nothing but waiting (its death ends the pid namespace, and so the sandbox)."""
+def _boot(req, seccomp, report, listener, lifeline, keep):
+    """The clone: once the launcher's mounts are in, its root, then the agent."""
     try:
         msg, fds, _, _ = socket.recv_fds(report, 16, 1)
         if msg != b"go" or len(fds) != 1:
             os._exit(1)  # the launcher failed and says why
         jail.become_root()
         jail.pivot(fds[0], req["hostname"])
-        if os.fork() == 0:
-            _become_agent(req, seccomp, report.fileno(), listener.fileno())
-        _close_all_but(lifeline, *keep)
-        _confine(seccomp)
     except BaseException as e:  # noqa: BLE001 - the launcher reports it
         with contextlib.suppress(OSError):
             report.sendall(f"error {type(e).__name__}: {e}\n".encode())
         os._exit(1)
-    while True:
-        if lifeline >= 0 and not os.read(lifeline, 1):
-            os._exit(0)  # the orchestrator is gone, and so is this sandbox
-        signal.pause()
+    _become_agent(req, seccomp, report.fileno(), listener.fileno(), lifeline, keep)
 
 
-def _mount_all(req, holder, trees):
-    """In the holder's mount namespace: the disk, the overlay, what is bound into it."""
-    jail.enter_mounts(holder)
+def _mount_all(req, agent_pid, trees):
+    """In the agent's mount namespace: the disk, the overlay, what is bound into it."""
+    jail.enter_mounts(agent_pid)
     stage, upper, work = req["stage"], req["upper"], req["work"]
     if req.get("disk"):
         os.makedirs(f"{stage}/disk", exist_ok=True)
@@ -184,7 +181,7 @@ def _mount_all(req, holder, trees):
         os.close(root.open(dest, "dir", mode))
     for (_, dest, make), tree in zip(req["binds"], trees["binds"], strict=True):
         root.bind(tree, dest, make, f"/{dest}")
-    for name in ("proc", "dev"):  # the holder's own mounts go there
+    for name in ("proc", "dev"):  # the agent's own mounts go there (see jail.pivot)
         os.close(root.open(name, "dir", follow=False))
     root.make_dev(trees["devices"])
     return root
@@ -193,23 +190,23 @@ def _mount_all(req, holder, trees):
 def _launch(conn, req, seccomp, lifeline, fds):
     """In the zygote's child, host root: the sandbox's launcher (see ``jail.py``)."""
     report, theirs = socket.socketpair()
-    holder = -1
+    agent_pid = -1
     try:
         listener = _listen(req["listen"])
         cgroup = os.open(req["cgroup"], os.O_PATH | os.O_DIRECTORY) if req["cgroup"] else -1
-        holder = jail.clone_sandbox(cgroup)
-        if holder == 0:
+        agent_pid = jail.clone_sandbox(cgroup)
+        if agent_pid == 0:
             report.close()
-            _hold(req, seccomp, theirs, listener, lifeline if req.get("lifeline") else -1, fds)
+            _boot(req, seccomp, theirs, listener, lifeline if req.get("lifeline") else -1, fds)
         theirs.close()
         listener.close()
         for fd in fds:
             os.close(fd)
         for path in req["procs"]:  # the v1 hierarchies, before it runs anything
             with open(path, "w") as f:
-                f.write(str(holder))
-        jail.map_ids(holder, int(req["uid"]), int(req["count"]))
-        userns = os.open(f"/proc/{holder}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+                f.write(str(agent_pid))
+        jail.map_ids(agent_pid, int(req["uid"]), int(req["count"]))
+        userns = os.open(f"/proc/{agent_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         # Made in our (the host's) mount namespace, where no mount is locked.
         trees = {
             "lowers": [jail.idmapped(lower, userns) for lower in req["lowers"]],
@@ -220,10 +217,10 @@ def _launch(conn, req, seccomp, lifeline, fds):
             "devices": [jail.bind_tree(f"/dev/{name}", jail.MOUNT_ATTR_NOSUID
                                        | jail.MOUNT_ATTR_NOEXEC) for name in jail.DEVICES],
         }
-        root = _mount_all(req, holder, trees)
+        root = _mount_all(req, agent_pid, trees)
         if req.get("disk"):
             # We stay, in the sandbox's cgroups, to keep the disk's mount where snapshots
-            # reach it; the holder's mount namespace is a copy the host cannot enter.
+            # reach it; the agent's mount namespace is a copy the host cannot enter.
             for path in (*req["procs"], f"{req['cgroup']}/cgroup.procs"):
                 with open(path, "w") as f:
                     f.write(str(os.getpid()))
@@ -231,21 +228,18 @@ def _launch(conn, req, seccomp, lifeline, fds):
         ready = report.makefile("rb").readline().decode()
         if ready != "ready\n":
             raise OSError(ready[6:].strip() if ready else "the sandbox died while starting")
-        with open(f"/proc/{holder}/task/{holder}/children") as f:
-            pid = int(f.read().split()[0])
-        reply = {"pid": pid, "holder": holder,
-                 "launcher": os.getpid() if req.get("disk") else None}
+        reply = {"pid": agent_pid, "launcher": os.getpid() if req.get("disk") else None}
     except BaseException as e:  # noqa: BLE001 - any failure goes back to the orchestrator
-        if holder > 0:
+        if agent_pid > 0:
             with contextlib.suppress(OSError):
-                os.kill(holder, signal.SIGKILL)
+                os.kill(agent_pid, signal.SIGKILL)
         reply = {"error": f"{type(e).__name__}: {e}"}
     with contextlib.suppress(OSError):  # the orchestrator may have given up on us
         conn.sendall(json.dumps(reply).encode() + b"\n")
     if reply.get("launcher"):
         _close_all_but()
         with contextlib.suppress(ChildProcessError):  # SIGCHLD is ignored: returns at its end
-            os.waitpid(holder, 0)
+            os.waitpid(agent_pid, 0)
     os._exit(0)
 
 
