@@ -76,7 +76,7 @@ _MAX_UNIX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
 class LocalBackend:
-    """Sandboxes on this machine; needs root, bubblewrap, overlayfs and cgroups."""
+    """Sandboxes on this machine; needs root, Linux 5.12+, overlayfs and cgroups."""
 
     name = "local"
     namespace: str | None = None  # sandboxes are processes on this host: no platform namespace
@@ -102,7 +102,7 @@ class LocalBackend:
         self.egress = network.EgressRules(data_dir / "sandboxes", egress_refresh)
         self.data_dir = data_dir
         # Only host root may enter: images and snapshots hold files owned by host ids, set-id
-        # bits included, and bwrap needs none of it (launch.sh stages what it binds).
+        # bits included, and the sandbox needs none of it (the launcher mounts through fds).
         private_dir(data_dir)
         self.sandboxes_dir = private_dir(data_dir / "sandboxes")
         self._secret = agent_secret(data_dir / "agent.secret")

@@ -23,6 +23,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import posixpath
 import signal
 import socket
 import struct
@@ -141,8 +142,9 @@ class Root:
         self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.uid = uid
 
-    def open(self, rel, make=None, mode=0o755, follow=True):
-        """An O_PATH fd of ``rel``, made first (``make`` "dir" or "file") if missing."""
+    def open(self, rel, make=None, mode=0o755, follow=True, links=0):
+        """An O_PATH fd of ``rel``, made first (``make`` "dir" or "file") if missing; a
+        dangling link there is followed, inside the root, to where it is made."""
         resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | (0 if follow else RESOLVE_NO_SYMLINKS)
         how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, resolve)
         fd = _libc.syscall(SYS_OPENAT2, self.fd, _b(rel), ctypes.byref(how), ctypes.sizeof(how))
@@ -152,11 +154,18 @@ class Root:
         if err == errno.ELOOP and not follow:
             raise OSError(err, f"the image's /{rel} is a symbolic link, where the sandbox "
                                "mounts its own; remove it from the image")
-        if err != errno.ENOENT or make is None:
+        head, _, name = posixpath.normpath(rel).rpartition("/")
+        if err != errno.ENOENT or make is None or name in ("", ".", "..") or links > 40:
             raise OSError(err, f"/{rel} in the sandbox's root: {os.strerror(err)}")
-        head, _, name = rel.rpartition("/")
         parent = self.open(head, "dir") if head else os.dup(self.fd)
         try:
+            try:
+                link = os.readlink(name, dir_fd=parent)
+            except OSError:
+                link = None
+            if link is not None:
+                target = posixpath.join(head, link).lstrip("/")
+                return self.open(target, make, mode, follow, links + 1)
             if make == "dir":
                 os.mkdir(name, dir_fd=parent)
                 os.chmod(name, mode, dir_fd=parent)  # mkdir's mode is masked by the umask
