@@ -231,6 +231,11 @@ class AsyncSandboxClient(BaseClient):
     async def resources(self) -> schema.Resources:
         return await self._call(API.resources())
 
+    async def pools(self) -> list[schema.PoolInfo]:
+        """The server's warm pools (orchard.yaml's ``pools:``): each one's entry, the size it
+        keeps, its ready and starting sandboxes, hits and misses; empty if it has none."""
+        return await self._call(API.pools())
+
     async def get_job(self, job_id: str) -> ExecResult:
         return await self._call(API.get_job(job_id))
 

@@ -236,6 +236,11 @@ class SandboxClient(BaseClient):
     def resources(self) -> schema.Resources:
         return self._call(API.resources())
 
+    def pools(self) -> list[schema.PoolInfo]:
+        """The server's warm pools (orchard.yaml's ``pools:``): each one's entry, the size it
+        keeps, its ready and starting sandboxes, hits and misses; empty if it has none."""
+        return self._call(API.pools())
+
     def get_job(self, job_id: str) -> ExecResult:
         return self._call(API.get_job(job_id))
 
