@@ -73,6 +73,48 @@ class UidRanges:
             except FileNotFoundError:
                 pass
 
+    def move(self, sandbox_dir: Path, to: Path) -> None:
+        """Rename ``sandbox_dir`` to ``to`` (same file system), its claim following it, so the
+        range stays held until the renamed dir is removed too. Under the registry's lock: no
+        claim sees the range free in between."""
+        owner = str(sandbox_dir.resolve())
+        base = uid_of(sandbox_dir)
+        with exclusive_lock(self.registry.parent / "uid-ranges.lock"):
+            os.rename(sandbox_dir, to)
+            if base is None:
+                return
+            link = self.registry / str((base - FIRST_UID) // RANGE_SIZE)
+            try:
+                if os.readlink(link) != owner:
+                    return
+            except FileNotFoundError:
+                return
+            # One rename over the old link: the slot is never without a claim.
+            tmp = link.with_name(f".{link.name}.moving")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(to.resolve())
+            os.replace(tmp, link)
+
+    def drop_stale(self, under: Path) -> list[str]:
+        """Drop the claims of dirs below ``under`` that are gone (an orchestrator killed
+        between removing a sandbox dir and releasing its range); the targets dropped. Only
+        for a data dir no orchestrator is using right now."""
+        prefix = str(under.resolve()) + os.sep
+        dropped = []
+        with exclusive_lock(self.registry.parent / "uid-ranges.lock"):
+            for link in self.registry.iterdir():
+                if link.name.startswith("."):  # a move's temporary, left by a killed one
+                    link.unlink(missing_ok=True)
+                    continue
+                try:
+                    target = os.readlink(link)
+                except OSError:  # not a link: a claim in the middle of a move
+                    continue
+                if target.startswith(prefix) and not os.path.isdir(target):
+                    link.unlink(missing_ok=True)
+                    dropped.append(target)
+        return dropped
+
     def _stale(self, slot: int) -> bool:
         try:
             return not os.path.isdir(os.readlink(self.registry / str(slot)))
