@@ -89,11 +89,9 @@ class UidRanges:
                     return
             except FileNotFoundError:
                 return
-            # One rename over the old link: the slot is never without a claim.
-            tmp = link.with_name(f".{link.name}.moving")
-            tmp.unlink(missing_ok=True)
-            tmp.symlink_to(to.resolve())
-            os.replace(tmp, link)
+            # Under the lock, so no claim sees the slot free in between.
+            link.unlink()
+            link.symlink_to(to.resolve())
 
     def drop_stale(self, under: Path) -> list[str]:
         """Drop the claims of dirs below ``under`` that are gone (an orchestrator killed
@@ -103,12 +101,9 @@ class UidRanges:
         dropped = []
         with exclusive_lock(self.registry.parent / "uid-ranges.lock"):
             for link in self.registry.iterdir():
-                if link.name.startswith("."):  # a move's temporary, left by a killed one
-                    link.unlink(missing_ok=True)
-                    continue
                 try:
                     target = os.readlink(link)
-                except OSError:  # not a link: a claim in the middle of a move
+                except OSError:  # not a symlink: nothing of ours
                     continue
                 if target.startswith(prefix) and not os.path.isdir(target):
                     link.unlink(missing_ok=True)
