@@ -71,9 +71,9 @@ class Reaper:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="orchard-reaper")
         self._lock = threading.Lock()
         self._reaps: set[Future[None]] = set()
-        # Per sandbox id, the latest reap's first step: a create of that id waits for it.
+        # Per sandbox id under reap, the latest reap's first step: a create of that id (and
+        # a later reap of it) waits for that step, never for the files.
         self._cgroups_gone: dict[str, Future[None]] = {}
-        self._latest: dict[str, Future[None]] = {}
 
     def take(self, sandbox_id: str, sandbox_dir: Path,
              children: Sequence[subprocess.Popen[bytes]] = ()) -> None:
@@ -83,6 +83,11 @@ class Reaper:
         if sandbox_dir.exists():
             entry = self.root / f"{sandbox_id}{SEP}{secrets.token_hex(6)}"
             self.uid_ranges.move(sandbox_dir, entry)
+        else:
+            with self._lock:
+                gone = self._cgroups_gone.get(sandbox_id)
+            if gone is not None and not gone.done():  # deleted again: that reap kills it all
+                return
         self._submit(sandbox_id, entry, children)
 
     def resume(self) -> None:
@@ -103,10 +108,6 @@ class Reaper:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(gone)
 
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._reaps)
-
     async def close(self, timeout: float = 60.0) -> None:
         """Waits up to ``timeout`` for the reaps under way; what is left stays in reaping/
         for the next start."""
@@ -122,20 +123,17 @@ class Reaper:
                 children: Sequence[subprocess.Popen[bytes]]) -> None:
         gone: Future[None] = Future()
         with self._lock:
-            # Two reaps of one id (deleted, created again, deleted) run one after the other:
-            # they share the cgroup name.
-            previous = self._latest.get(sandbox_id)
+            # Two reaps of one id (deleted, created again, deleted) share the cgroup name: the
+            # later one's kill waits for the earlier one's (their files go side by side).
+            previous = self._cgroups_gone.get(sandbox_id)
             reap = self._pool.submit(self._reap, sandbox_id, entry, children, previous, gone)
             self._reaps.add(reap)
-            self._latest[sandbox_id] = reap
             self._cgroups_gone[sandbox_id] = gone
         reap.add_done_callback(lambda f: self._done(sandbox_id, f, gone))
 
     def _done(self, sandbox_id: str, reap: Future[None], gone: Future[None]) -> None:
         with self._lock:
             self._reaps.discard(reap)
-            if self._latest.get(sandbox_id) is reap:
-                del self._latest[sandbox_id]
             if self._cgroups_gone.get(sandbox_id) is gone:
                 del self._cgroups_gone[sandbox_id]
         if not gone.done():  # cancelled by close() before it ran
