@@ -46,8 +46,8 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-# sync_client.py is generated from async_client.py (docs/guides/sdk-and-cli.md); the test suite
-# fails while it is stale.
+# sync_client.py and sync_sandbox.py are generated from their async twins
+# (docs/guides/sdk-and-cli.md); the test suite fails while one is stale.
 unasync:
 	python3 scripts/unasync.py
 

@@ -1,10 +1,10 @@
 """Write the blocking SDK client from the async one, as httpcore does with unasync.
 
 ``orchard/env/client/async_client.py`` is the source; ``sync_client.py`` is this script's
-output, committed (as are ``sync_pty.py`` and the image builder's ``sync_builder.py``). The
-rewrite is tokens only: where the twins really differ (sleeping, tasks, file and terminal I/O)
-``async_client.py`` calls a helper of ``_async_io``, and the rewrite points it at
-``_sync_io``'s helper of the same name.
+output, committed (as are ``sync_sandbox.py``, ``sync_pty.py`` and the image builder's
+``sync_builder.py``). The rewrite is tokens only: where the twins really differ (sleeping,
+tasks, file and terminal I/O) the async source calls a helper of ``_async_io``, and the
+rewrite points it at ``_sync_io``'s helper of the same name.
 
     python scripts/unasync.py          # rewrite sync_client.py
     python scripts/unasync.py --check  # exit 1 if sync_client.py is stale (tests run this)
@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLIENT = Path("orchard/env/client")
 TWINS = {
     CLIENT / "async_client.py": CLIENT / "sync_client.py",
+    CLIENT / "async_sandbox.py": CLIENT / "sync_sandbox.py",
     CLIENT / "async_pty.py": CLIENT / "sync_pty.py",
     Path("orchard/env/build/async_builder.py"): Path("orchard/env/build/sync_builder.py"),
 }
@@ -35,6 +36,8 @@ RULES = [
     (r"\benter_async_context\b", "enter_context"),
     (r"\b_async_io\b", "_sync_io"),
     (r"\basync_pty\b", "sync_pty"),
+    # The twins import each other by module path; prose naming the async source keeps its name.
+    (r"\b(orchard\.env\.client)\.async_(client|sandbox)\b", r"\1.sync_\2"),
 ]
 _COMPILED = [(re.compile(pattern), replacement) for pattern, replacement in RULES]
 

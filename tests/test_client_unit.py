@@ -41,7 +41,7 @@ from orchard.env.client import (
     SandboxNotReady,
     TransportError,
 )
-from orchard.env.client.sync_client import Sandbox
+from orchard.env.client.sync_sandbox import Sandbox
 from tests.conftest import wait_until
 
 KEY = "test-key"

@@ -3,14 +3,19 @@ handed out twice, GET /pools and /metrics, shutdown and restart leave nothing be
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
 
+from orchard.cli import app as cli_app
+from orchard.env.client import AsyncSandboxClient, OrchardError, SandboxClient
 from orchard.env.config import PoolEntry
-from orchard.env.schema import CreateSandboxRequest
+from orchard.env.schema import CreateSandboxRequest, PoolInfo
 from orchard.env.server import EmbeddedOrchestrator
 from orchard.env.service.pools import matches
 from tests.conftest import (
@@ -141,6 +146,59 @@ def test_pool_take_refill_mismatch_and_no_reuse(data_dir: Path, orchestrator: st
             everything = sandbox_dirs(d) | seen
         # Stopping deletes the pool with the rest: nothing is left behind.
         assert wait_until(lambda: all(gone(sid, d) for sid in everything))
+
+
+def pool_ls(url: str) -> list[str]:
+    """`orchard pool ls`'s rows, split into columns."""
+    result = CliRunner().invoke(cli_app, ["--url", url, "pool", "ls"],
+                                env={"ORCHARD_API_KEY": None, "COLUMNS": "200"})
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    return [line.split() for line in result.output.splitlines()]
+
+
+async def async_pools(url: str) -> list[PoolInfo]:
+    async with AsyncSandboxClient(url) as client:
+        return await client.pools()
+
+
+@needs_root
+def test_the_sdks_and_the_cli_list_the_pools(data_dir: Path, orchestrator: str) -> None:
+    # A server without `pools:` has none to list.
+    with SandboxClient(orchestrator) as client:
+        assert client.pools() == []
+    assert asyncio.run(async_pools(orchestrator)) == []
+    assert pool_ls(orchestrator) == [["no", "warm", "pools:", "the", "server's", "settings",
+                                      "have", "no", "`pools:`", "(docs/guides/pools.md)"]]
+    with short_data_dir(data_dir) as d, EmbeddedOrchestrator(
+            data_dir=d, reconcile_interval=0.5, pools=[SMALL, EMPTY]) as url, \
+            SandboxClient(url) as client:
+        assert wait_until(lambda: client.pools()[0].ready == 2, 60)
+        small, empty = client.pools()
+        # Typed: the route's own model, the entry as configured.
+        assert isinstance(small, PoolInfo)
+        assert (small.name, small.size, small.ready, small.starting) == ("small", 2, 2, 0)
+        assert small.entry["image"] == "host" and small.entry["memory"] == "256Mi"
+        assert (empty.name, empty.size, empty.ready, empty.entry["cpu"]) == ("empty", 0, 0, "1")
+        # A create of the small shape is a hit, one of the empty shape a miss; both SDKs and
+        # the CLI see the counts once the pool is full again.
+        assert client.create_sandbox("host", memory="256Mi").info.pool == "small"
+        assert client.create_sandbox("host", cpu="1").info.pool is None
+        assert wait_until(lambda: client.pools()[0].ready == 2, 60)
+        listed = client.pools()
+        assert [(p.hits, p.misses) for p in listed] == [(1, 0), (0, 1)]
+        assert asyncio.run(async_pools(url)) == listed
+        assert pool_ls(url) == [["POOL", "IMAGE", "SIZE", "READY", "STARTING", "HITS", "MISSES"],
+                                ["small", "host", "2", "2", "0", "1", "0"],
+                                ["empty", "host", "0", "0", "0", "0", "1"]]
+
+
+def test_a_pools_answer_of_the_wrong_shape_is_a_clear_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"pools": []})  # not the bare list the route answers
+
+    with SandboxClient("http://orchard.test", transport=httpx.MockTransport(handler)) as client, \
+            pytest.raises(OrchardError, match="GET /pools: unexpected response from the server"):
+        client.pools()
 
 
 @needs_root

@@ -57,6 +57,7 @@ def test_the_rewrite_renames_whole_tokens_only() -> None:
         "    await self.__aexit__()\n"
         "from orchard.env.client._async_io import sleep\n"
         "import asyncio; Asyncish = areader = aclosed = async_io = 1\n"
+        "from orchard.env.client.async_client import C  # generated from async_client.py\n"
     )
     assert unasync.unasync(source) == (
         "def f(s: Sandbox, it: Iterator[bytes]) -> httpx.Client:\n"
@@ -67,6 +68,7 @@ def test_the_rewrite_renames_whole_tokens_only() -> None:
         "    self.__exit__()\n"
         "from orchard.env.client._sync_io import sleep\n"
         "import asyncio; Asyncish = areader = aclosed = async_io = 1\n"
+        "from orchard.env.client.sync_client import C  # generated from async_client.py\n"
     )
 
 

@@ -17,6 +17,7 @@ from orchard.cli import (
     demo,
     image,
     openenv,
+    pool,
     rollout,
     sandbox,
     serve,
@@ -62,6 +63,7 @@ app.add_typer(serve.app)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(snapshot.app, name="snapshot")
 app.add_typer(image.app, name="image")
+app.add_typer(pool.app, name="pool")
 app.add_typer(rollout.app, name="rollout")
 rollout.app.command("run", help="The rollout runner (same as `orchard eval`).")(tasks.eval_)
 app.add_typer(trace.app, name="trace")

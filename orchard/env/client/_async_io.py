@@ -1,8 +1,8 @@
 """The asyncio side of the few things the two clients do differently.
 
 ``_sync_io`` holds the blocking side under the same names and signatures, so that
-``scripts/unasync.py`` writes ``sync_client.py`` from ``async_client.py`` by renaming tokens
-alone (``async def`` to ``def``, ``_async_io`` to ``_sync_io``, ...).
+``scripts/unasync.py`` writes ``sync_client.py`` and ``sync_sandbox.py`` from their async
+sources by renaming tokens alone (``async def`` to ``def``, ``_async_io`` to ``_sync_io``, ...).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The blocking side of the few things the two clients do differently.
 
-The names and signatures are ``_async_io``'s: ``sync_client.py``, generated from
-``async_client.py`` by ``scripts/unasync.py``, calls these where the async client awaits those.
+The names and signatures are ``_async_io``'s: ``sync_client.py`` and ``sync_sandbox.py``,
+generated from their async sources by ``scripts/unasync.py``, call these where those await
+``_async_io``'s.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from httpx_ws import (
 
 from orchard.env.client import errors
 from orchard.env.client._async_io import receive
-from orchard.env.client.calls import pty_exit_code, pty_refused, pty_resize_message
+from orchard.env.client.pty_frames import pty_exit_code, pty_refused, pty_resize_message
 
 
 class AsyncPtySession:

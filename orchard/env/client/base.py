@@ -1,10 +1,10 @@
 """What the sync and async clients share: configuration, retry decisions, cleanup.
 
-Each endpoint is described once, without I/O, in ``calls.py``; the twins (``async_client.py``,
-and ``sync_client.py`` generated from it by ``scripts/unasync.py``) only send calls, sleep for
-as long as :class:`BaseClient` says, and hand the response to ``call.parse``. The one blocking
-exception is the cleanup on SIGINT/SIGTERM (``_signals.py``), which must work from a signal
-handler.
+Each endpoint is described once, without I/O, in ``calls.py``; the twins (``async_client.py``
+and ``async_sandbox.py``, and the blocking ones that ``scripts/unasync.py`` generates from
+them) only send calls, sleep for as long as :class:`BaseClient` says, and hand the response
+to ``call.parse``. The one blocking exception is the cleanup on SIGINT/SIGTERM
+(``_signals.py``), which must work from a signal handler.
 """
 
 from __future__ import annotations

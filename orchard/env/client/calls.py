@@ -1,13 +1,13 @@
 """Every REST endpoint described once, as a :class:`Call`, without I/O.
 
-The twins (``sync_client.py``, ``async_client.py``) send a call, retry it as
-:class:`~orchard.env.client.base.BaseClient` says, and hand the response to ``call.parse``.
+The twins (``async_client.py`` and ``async_sandbox.py``, and the blocking ones generated from
+them) send a call, retry it as :class:`~orchard.env.client.base.BaseClient` says, and hand
+the response to ``call.parse``.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -15,11 +15,10 @@ from typing import Any, Generic, TypedDict, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from orchard.env import browser_schema, http_schema, image_schema, schema, snapshot_schema
 from orchard.env.client import errors
-from orchard.env.client.http_errors import error_for_status
 from orchard.env.client.results import ExecEvent, ExecResult, ProcessOutputResult
 
 # Long-poll and blocking-exec calls get a read timeout of the server-side wait plus this much,
@@ -59,9 +58,13 @@ class Call(Generic[T]):
 
 
 def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
-    def parse(response: httpx.Response) -> M:
+    return _validated(cls.model_validate_json)
+
+
+def _validated(validate: Callable[[bytes], T]) -> Callable[[httpx.Response], T]:
+    def parse(response: httpx.Response) -> T:
         try:
-            return cls.model_validate_json(response.content)
+            return validate(response.content)
         except ValidationError as exc:
             raise errors.OrchardError(
                 f"{response.request.method} {response.request.url.path}: "
@@ -69,6 +72,10 @@ def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
             ) from None
 
     return parse
+
+
+# GET /pools answers a bare list, not a model holding one: a TypeAdapter reads it.
+_POOLS = TypeAdapter(list[schema.PoolInfo])
 
 
 def _ignore(response: httpx.Response) -> None:
@@ -144,6 +151,10 @@ class API:
     @staticmethod
     def resources() -> Call[schema.Resources]:
         return Call("GET", "/resources", _model(schema.Resources))
+
+    @staticmethod
+    def pools() -> Call[list[schema.PoolInfo]]:
+        return Call("GET", "/pools", _validated(_POOLS.validate_json))
 
     @staticmethod
     def create_sandbox(request: schema.CreateSandboxRequest) -> Call[schema.SandboxInfo]:
@@ -468,24 +479,3 @@ class API:
 
 def parse_event(line: str) -> ExecEvent:
     return ExecEvent.model_validate_json(line)
-
-
-def pty_refused(response: httpx.Response) -> errors.APIError:
-    # httpx-ws closes the refused handshake's response unread, so only its status is left.
-    return error_for_status(
-        response.status_code, f"terminal refused: {response.reason_phrase or 'no reason given'}"
-    )
-
-
-def pty_resize_message(cols: int, rows: int) -> str:
-    return json.dumps({"resize": [cols, rows]})
-
-
-def pty_exit_code(text: str) -> int | None:
-    """The exit code carried by the server's last text frame, ``{"exit_code": N}``."""
-    try:
-        message = json.loads(text)
-    except ValueError:
-        return None
-    code = message.get("exit_code") if isinstance(message, dict) else None
-    return code if isinstance(code, int) else None

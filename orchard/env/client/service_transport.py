@@ -13,8 +13,8 @@ import base64
 
 import httpx
 
-from orchard.env.client.async_client import AsyncSandbox
-from orchard.env.client.sync_client import Sandbox
+from orchard.env.client.async_sandbox import AsyncSandbox
+from orchard.env.client.sync_sandbox import Sandbox
 from orchard.env.http_schema import Method, ServiceResponse
 
 # Set by the agent's own connection, or meaningless once the body is whole.

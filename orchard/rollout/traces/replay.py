@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from orchard.env.client import OrchardError, SandboxClient
-from orchard.env.client.sync_client import Sandbox
+from orchard.env.client.sync_sandbox import Sandbox
 from orchard.env.http_schema import ServiceRequest
 from orchard.env.schema import EventKind, SandboxEvent
 from orchard.rollout.traces.trace import Trace

@@ -62,6 +62,7 @@ from orchard.env.backends.local.launch import (
     launcher_root,
     record_launcher,
 )
+from orchard.env.backends.local.reaper import Reaper
 from orchard.env.backends.local.relay import MARKER, MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.backends.local.snapshots import SnapshotLayers
@@ -134,9 +135,12 @@ class LocalBackend:
         self.seccomp_path = write_filter(data_dir / "seccomp.bpf", allow_io_uring)
         self.snapshots = SnapshotLayers(data_dir / "snapshots", self.sandboxes_dir)
         self.snapshots.remove_partials()
-        # Teardown threads mostly sleep, waiting for killed processes to leave their cgroups;
-        # a pool of their own keeps them from starving the default executor (image unpacking).
-        self._teardown_pool = ThreadPoolExecutor(32, thread_name_prefix="orchard-teardown")
+        # A delete's own part (freeze, signal, rename) may sleep a little while a cgroup
+        # freezes: a pool of its own keeps that off the default executor (image unpacking).
+        self._teardown_pool = ThreadPoolExecutor(8, thread_name_prefix="orchard-teardown")
+        # The rest of a delete, off every create's path; first what a killed predecessor left.
+        self.reaper = Reaper(data_dir / "reaping", self.cgroups, self.uid_ranges)
+        self.reaper.resume()
         self.zygote_socket = data_dir / "zygote.sock"
         self._zygote, self._lifeline = self._start_zygote()
 
@@ -197,6 +201,7 @@ class LocalBackend:
             raise BackendError(str(e)) from None
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        await self.reaper.settled(spec.sandbox_id)  # the id's cgroup name, if just deleted
         image = await self._resolve(spec)
         sdir = self._dir(spec.sandbox_id)
         sock = self.socket_path(spec.sandbox_id)
@@ -361,23 +366,26 @@ class LocalBackend:
         return self.relays.base_url(session)
 
     async def delete(self, sandbox_id: str) -> None:
+        """Returns once the sandbox is unreachable: its processes SIGKILLed, its dir (with
+        the agent's socket) out of sandboxes/. The reaper (reaper.py) does the rest."""
         self.egress.forget(sandbox_id)
         self.relays.close(sandbox_id)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._teardown_pool, self._delete_sync, sandbox_id)
 
     def _delete_sync(self, sandbox_id: str) -> None:
-        self.cgroups.kill(sandbox_id)
+        try:
+            self.cgroups.send_kill(sandbox_id)
+            self.reaper.take(sandbox_id, self._dir(sandbox_id), self._children(sandbox_id))
+        except (OSError, CgroupError) as e:
+            raise BackendError(f"sandbox {sandbox_id}: {e}; the reconcile pass retries "
+                               "the delete") from None
+
+    def _children(self, sandbox_id: str) -> list[subprocess.Popen[bytes]]:
+        """Our own children among the sandbox's processes, for the reaper to wait for so
+        that none is left a zombie."""
         slirp = self._slirps.pop(sandbox_id, None)
-        if slirp is not None:
-            slirp.wait(5)
-        sdir = self._dir(sandbox_id)
-        uid = uid_of(sdir)
-        shutil.rmtree(sdir, ignore_errors=True)
-        if sdir.exists():
-            raise BackendError(f"could not remove {sdir}; remove it by hand")
-        if uid is not None:  # only now: files owned by the range were in the dir
-            self.uid_ranges.release(sdir, uid)
+        return [slirp] if slirp is not None else []
 
     async def list(self) -> set[str]:
         """Sandboxes of THIS data dir only: other orchestrators on the host share the cgroup
@@ -458,6 +466,7 @@ class LocalBackend:
         self.egress.stop()
         self.relays.close_all()
         self._teardown_pool.shutdown(wait=True)
+        await self.reaper.close()
         self.cgroups.remove_group()
         os.close(self._lifeline)
         await asyncio.to_thread(self._zygote.wait)

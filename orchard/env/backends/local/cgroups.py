@@ -380,15 +380,12 @@ class CgroupManager:
 
     # -- teardown ------------------------------------------------------------------------
 
-    def kill(self, sandbox_id: str, timeout: float = 5.0) -> None:
-        """SIGKILL every process of the sandbox and remove its directories.
-
-        Idempotent; bounded by ``timeout``; raises CgroupError if processes or directories
-        survive it.
-        """
+    def send_kill(self, sandbox_id: str, timeout: float = 5.0) -> None:
+        """SIGKILL every process of the sandbox and return without waiting for them to exit
+        (a delete's part; :meth:`kill` waits and removes the directories). Once it returns,
+        none of them runs another instruction of its own. Idempotent."""
         deadline = time.monotonic() + timeout
-        dirs = self._existing_dirs(sandbox_id)
-        if not dirs:
+        if not self._existing_dirs(sandbox_id):
             return
         # A v1-frozen (paused) task would hold its SIGKILL until thawed.
         with contextlib.suppress(OSError):
@@ -399,16 +396,31 @@ class CgroupManager:
             # have removed the directory already, which is the outcome we want anyway.
             with contextlib.suppress(FileNotFoundError):
                 _write(v2_dir / "cgroup.kill", "1")
+        else:
+            self._freeze_and_kill(sandbox_id, deadline)
+        # Processes that joined only some hierarchies (a launcher that died midway).
+        _signal_all(self.pids(sandbox_id))
+
+    def kill(self, sandbox_id: str, timeout: float = 5.0) -> None:
+        """SIGKILL every process of the sandbox and remove its directories.
+
+        Idempotent; bounded by ``timeout``; raises CgroupError if processes or directories
+        survive it.
+        """
+        deadline = time.monotonic() + timeout
+        dirs = self._existing_dirs(sandbox_id)
+        if not dirs:
+            return
+        self.send_kill(sandbox_id, timeout)
+        v2_dir = self._dir(self._v2, sandbox_id) if self._v2 else None
+        if v2_dir is not None and (v2_dir / "cgroup.kill").exists():
             # Every process joined this hierarchy: wait on its one file, not on every one
             # (with many teardowns at once, re-reading them all kept the GIL busy).
             while (_read(v2_dir / "cgroup.procs") or "").strip():
                 if time.monotonic() > deadline:
                     break
                 time.sleep(_POLL_S)
-        else:
-            self._freeze_and_kill(sandbox_id, deadline)
-        # Catches processes that joined only some hierarchies (a launcher that died midway)
-        # and any stragglers of the fallback path.
+        # Catches stragglers: of the fallback path, or forked between a listing and a signal.
         while remaining := self.pids(sandbox_id):
             if time.monotonic() > deadline:
                 raise CgroupError(

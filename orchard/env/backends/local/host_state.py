@@ -39,7 +39,7 @@ def remove_leftovers(data_dir: Path) -> None:
             cgroups.kill(sid)
     cgroups.remove_group()
     ranges = UidRanges()
-    for sdir in (data_dir / "sandboxes").glob("*"):
+    for sdir in [*(data_dir / "sandboxes").glob("*"), *(data_dir / "reaping").glob("*")]:
         if (uid := uid_of(sdir)) is not None:
             ranges.release(sdir, uid)
 

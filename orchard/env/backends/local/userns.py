@@ -71,6 +71,43 @@ class UidRanges:
             except FileNotFoundError:
                 pass
 
+    def move(self, sandbox_dir: Path, to: Path) -> None:
+        """Rename ``sandbox_dir`` to ``to`` (same file system), its claim following it, so the
+        range stays held until the renamed dir is removed too. Under the registry's lock: no
+        claim sees the range free in between."""
+        owner = str(sandbox_dir.resolve())
+        base = uid_of(sandbox_dir)
+        with exclusive_lock(self.registry.parent / "uid-ranges.lock"):
+            os.rename(sandbox_dir, to)
+            if base is None:
+                return
+            link = self.registry / str((base - FIRST_UID) // RANGE_SIZE)
+            try:
+                if os.readlink(link) != owner:
+                    return
+            except FileNotFoundError:
+                return
+            # Under the lock, so no claim sees the slot free in between.
+            link.unlink()
+            link.symlink_to(to.resolve())
+
+    def drop_stale(self, under: Path) -> list[str]:
+        """Drop the claims of dirs below ``under`` that are gone (an orchestrator killed
+        between removing a sandbox dir and releasing its range); the targets dropped. Only
+        for a data dir no orchestrator is using right now."""
+        prefix = str(under.resolve()) + os.sep
+        dropped = []
+        with exclusive_lock(self.registry.parent / "uid-ranges.lock"):
+            for link in self.registry.iterdir():
+                try:
+                    target = os.readlink(link)
+                except OSError:  # not a symlink: nothing of ours
+                    continue
+                if target.startswith(prefix) and not os.path.isdir(target):
+                    link.unlink(missing_ok=True)
+                    dropped.append(target)
+        return dropped
+
     def _stale(self, slot: int) -> bool:
         try:
             return not os.path.isdir(os.readlink(self.registry / str(slot)))
