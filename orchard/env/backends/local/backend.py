@@ -44,7 +44,7 @@ from orchard.env.backends.base import (
     agent_token,
 )
 from orchard.env.backends.local import network, quota, zygote
-from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
+from orchard.env.backends.local.cgroups import CgroupError, CgroupManager, LimitResult
 from orchard.env.backends.local.host_state import agent_secret, cgroup_group
 from orchard.env.backends.local.image_cache import RegistryImages
 from orchard.env.backends.local.image_pull import Skopeo
@@ -210,17 +210,9 @@ class LocalBackend:
             raise BackendError(
                 f"agent socket path {sock} is over {_MAX_UNIX_PATH} bytes (the AF_UNIX limit); "
                 "use a shorter sandbox_id or a shorter --data-dir")
-        # The dir comes first: it is this orchestrator's claim on the id (list() reads dirs),
-        # so a crash at any later point leaves something the reconcile pass will find.
         # With a disk quota, upper and work are made here and copied into its file system.
         layers = sdir / quota.DISK_DIR if spec.disk and quota.unavailable() is None else sdir
-        for sub in (layers / "upper", layers / "work", sdir / "stage" / "root", sdir / "ctl"):
-            sub.mkdir(parents=True, exist_ok=True)
-        sdir.chmod(0o700)
-        # Host root's, and read-only inside: the sandbox cannot replace what is in it.
-        (sdir / "ctl").chmod(0o755)
-        if image.digest is not None and await asyncio.to_thread(
-                self.images.claim, image.digest, sdir) is None:
+        if not await asyncio.to_thread(self._make_dir, sdir, layers, image):
             # Evicted between the pull and now: once more, then it is there.
             image = await self._resolve(spec)
             if image.digest is None or self.images.claim(image.digest, sdir) is None:
@@ -228,7 +220,8 @@ class LocalBackend:
                 raise BackendError(f"image {spec.image} was removed from the cache while "
                                    "the sandbox started; create it again")
         try:
-            limits = self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
+            limits = await asyncio.to_thread(
+                self.cgroups.create, spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
         except (ValueError, CgroupError) as e:
             shutil.rmtree(sdir, ignore_errors=True)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
@@ -237,27 +230,13 @@ class LocalBackend:
         net_r, net_w = os.pipe() if not spec.block_network else (-1, -1)
         token = spec.agent_token or agent_token(self._secret, spec.sandbox_id)
         try:
-            lower = self.launcher.host_skeleton if image.kind == "host" else image.rootfs
-            assert lower is not None
-            # A sandbox started from a snapshot mounts the snapshot's layers over the image.
-            chain = self.snapshots.pin(sdir, spec.snapshot) if spec.snapshot else []
-            try:
-                uid = self.uid_ranges.claim(sdir)
-            except UidRangeError as e:
-                raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
-            # Sandbox root owns its root directory (the overlay's top takes the upper dir's
-            # owner).
-            os.chown(layers / "upper", uid, uid)
-            limits["disk"] = (await asyncio.to_thread(quota.make_disk, sdir, spec.disk)
-                              if spec.disk else quota.not_requested())
+            uid, request, limits["disk"] = await asyncio.to_thread(
+                self._prepare_launch, spec, image, sdir, layers)
             if spec.model_proxy:
                 assert spec.session is not None  # check() refused it otherwise
                 # So an adopting orchestrator re-opens the relay, for the same session.
                 (sdir / MARKER).write_text(spec.session)
                 await self.relays.open(spec.sandbox_id, sdir / "ctl", uid, spec.session)
-            request = self.launcher.request(
-                spec, image, sdir, uid, [*self.snapshots.layers(chain), lower],
-                disk=layers != sdir)
             reply = await self._launch(spec, image, request, token, net_w)
             if reply["launcher"] is not None:
                 record_launcher(sdir, reply["launcher"])
@@ -280,6 +259,37 @@ class LocalBackend:
                     for k, v in limits.items()},
             token=token,
         )
+
+    def _make_dir(self, sdir: Path, layers: Path, image: ResolvedImage) -> bool:
+        """The sandbox dir, and its claim on a cached image (False: the image was evicted).
+        The dir comes first: it is this orchestrator's claim on the id (list() reads dirs),
+        so a crash at any later point leaves something the reconcile pass will find.
+        Blocking, as everything below the event loop's create."""
+        for sub in (layers / "upper", layers / "work", sdir / "stage" / "root", sdir / "ctl"):
+            sub.mkdir(parents=True, exist_ok=True)
+        sdir.chmod(0o700)
+        # Host root's, and read-only inside: the sandbox cannot replace what is in it.
+        (sdir / "ctl").chmod(0o755)
+        return image.digest is None or self.images.claim(image.digest, sdir) is not None
+
+    def _prepare_launch(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
+                        layers: Path) -> tuple[int, dict[str, Any], LimitResult]:
+        """The uid range, the disk quota and the zygote's request (see ``launch.py``)."""
+        lower = self.launcher.host_skeleton if image.kind == "host" else image.rootfs
+        assert lower is not None
+        # A sandbox started from a snapshot mounts the snapshot's layers over the image.
+        chain = self.snapshots.pin(sdir, spec.snapshot) if spec.snapshot else []
+        try:
+            uid = self.uid_ranges.claim(sdir)
+        except UidRangeError as e:
+            raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
+        # Sandbox root owns its root directory (the overlay's top takes the upper dir's owner).
+        os.chown(layers / "upper", uid, uid)
+        disk = quota.make_disk(sdir, spec.disk) if spec.disk else quota.not_requested()
+        request = self.launcher.request(spec, image, sdir, uid,
+                                        [*self.snapshots.layers(chain), lower],
+                                        disk=layers != sdir)
+        return uid, request, disk
 
     async def _attach_network(self, spec: SandboxSpec, agent: int, exit_fd: int) -> None:
         """Egress rules (and an allow-list's resolver) first, then the link: no packet leaves
