@@ -40,6 +40,7 @@ from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
 from orchard.env.backends.local.cgroups import CgroupManager, _unescape_mountinfo
+from orchard.env.backends.local.quota import DISK_IMAGE
 from orchard.env.backends.local.userns import UidRanges, uid_of
 from orchard.env.datadir import private_dir
 from orchard.env.errors import OrchestratorError
@@ -170,7 +171,8 @@ class Reaper:
     def _remove(self, entry: Path) -> None:
         base = uid_of(entry)
         deadline = time.monotonic() + self.detach_timeout
-        while loops := _loop_devices_under(entry):
+        # Only a disk quota's image backs a loop device.
+        while (entry / DISK_IMAGE).exists() and (loops := _loop_devices_under(entry)):
             if time.monotonic() > deadline:
                 log.warning("loop devices %s still back files in %s; removing it anyway (they "
                             "are autoclear and go with their last user)", loops, entry)
