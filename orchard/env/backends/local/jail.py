@@ -85,7 +85,9 @@ class _CloneArgs(ctypes.Structure):
 def check(result, what):
     if result < 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+        hint = (" (this kernel lacks it: the local backend needs Linux 5.12 or later)"
+                if err == errno.ENOSYS else "")
+        raise OSError(err, f"{what}: {os.strerror(err)}{hint}")
     return result
 
 
