@@ -39,7 +39,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
-from orchard.env.backends.local.cgroups import CgroupManager, _unescape_mountinfo
+from orchard.env.backends.local.cgroupfs import unescape_mountinfo
+from orchard.env.backends.local.cgroups import CgroupManager
 from orchard.env.backends.local.quota import DISK_IMAGE
 from orchard.env.backends.local.userns import UidRanges, uid_of
 from orchard.env.datadir import private_dir
@@ -202,7 +203,7 @@ def _detach_mounts_under(path: Path) -> None:
     deepest first, so removing ``path`` never deletes files of another file system."""
     prefix = str(path.resolve())
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        points = [_unescape_mountinfo(line.split()[4]) for line in f]
+        points = [unescape_mountinfo(line.split()[4]) for line in f]
     libc = ctypes.CDLL(None, use_errno=True)
     for point in sorted((p for p in points if p == prefix or p.startswith(prefix + os.sep)),
                         key=len, reverse=True):
