@@ -1,5 +1,5 @@
 """Where a sandbox's cost goes: CPU per lifecycle by stage, the 1,000-burst against bare bwrap,
-idle memory per sandbox; for this checkout and, with ``--baseline-tree``, another one.
+idle memory per sandbox; for this checkout and, with ``--baseline-tree``, others.
 
 The figures of issue 32, section 3, from one run (both sides measured in it):
 
@@ -9,22 +9,23 @@ The figures of issue 32, section 3, from one run (both sides measured in it):
    attributed:
 
    - orchestrator: utime+stime of the orchestrator process (all its threads) from
-     /proc/PID/stat, read around each request, so split into create / exec / delete (the
-     delete request includes the synchronous teardown: cgroup kill, launcher wait, rmtree,
-     uid-range release).
-   - launch chain: perf task-clock of the orchestrator and its new descendants minus the
-     orchestrator's own time: ``unshare -> bash launch.sh -> setpriv -> bwrap`` (one pid, one
-     exec after another), ``mount -a``, and bwrap's sandboxed child (the holder, which only
-     blocks). Their exit (page-table teardown, namespace release at delete) is included. The
-     stages of the chain are not separated from each other (they share a pid); the part of
-     the chain inside the sandbox's cgroup is shown apart (see "in-sandbox").
-   - zygote (self): utime+stime of the zygote process: its two forks per sandbox (one for the
-     user namespace, one to spawn the agent), i.e. copying its page tables, and its request
-     handling.
+     /proc/PID/stat, read around each request, so split into create / exec / delete (before
+     issue 32 the delete request included the whole teardown; since, it sends SIGKILL and
+     moves the sandbox dir aside; the reaper's threads do the rest in the background, so their
+     time lands in whichever window they overlap, mostly the next create).
+   - orchestrator's children: perf task-clock of the orchestrator and its new descendants
+     minus the orchestrator's own time. Before issue 32 this was the launch chain,
+     ``unshare -> bash launch.sh -> setpriv -> bwrap`` (one pid, one exec after another),
+     ``mount -a``, and bwrap's sandboxed child (the holder, which only blocks), with their
+     exits; since, only slirp4netns for a networked sandbox (none here).
+   - zygote (self): utime+stime of the zygote process: its forks (one per sandbox since issue
+     32; before, two: one for the user namespace, one to spawn the agent), i.e. copying its
+     page tables, and its request handling.
    - zygote children: perf task-clock of the zygote and its descendants, minus the zygote's
-     own time and the agents' time: the user-namespace child (unshare, uid/gid maps are
-     written by its parent, the zygote's child; the id-mapped mount), the spawn child (setns,
-     chroot, fork) and their exits (tearing down the copied page tables).
+     own time and the agents' time. Since issue 32: the launcher (clone3, id maps, id-mapped
+     lowers, mounts) and the clone's set-up before it becomes the agent (pivot_root, /proc,
+     confinement), and their exits. Before: the user-namespace child (unshare; the id-mapped
+     mount), the spawn child (setns, chroot, fork) and their exits.
    - agent start: the agent's own run time when the sandbox is ready (the schedstat of its
      threads, the pid in ``agent.pid``).
    - agent exec: the growth of the sandbox cgroup's CPU usage over the exec request (the
@@ -34,9 +35,9 @@ The figures of issue 32, section 3, from one run (both sides measured in it):
    (kernel threads, the bench client, perf itself, and the other load on a shared machine) is
    shown as "not attributed". The same loop times create -> ready and the exec (wall clock,
    one at a time, with the two perf counters attached). In-sandbox: the cgroup v2
-   ``cpu.stat`` usage of the sandbox's cgroup when ready (the chain after ``launch.sh``
-   joined it, the spawn child after it joined, the agent's start), a cross-check that
-   overlaps the stages above.
+   ``cpu.stat`` usage of the sandbox's cgroup when ready (whatever ran in it by then: before
+   issue 32 the chain after ``launch.sh`` joined it and the spawn child; since, the clone from
+   its birth), a cross-check that overlaps the stages above.
 
 2. The burst: ``burst.burst`` of bench/burst.py (create, wait ready, exec ``echo ok``,
    delete; all must succeed) of N at C in flight, and the same number of bare
@@ -50,6 +51,7 @@ The figures of issue 32, section 3, from one run (both sides measured in it):
 
     .venv/bin/python bench/launch_profile.py                        # this checkout
     .venv/bin/python bench/launch_profile.py --baseline-tree /work/base --tag issue32
+    .venv/bin/python bench/launch_profile.py --baseline-tree A --baseline-tree B  # both
     .venv/bin/python bench/launch_profile.py --quick
 """
 
@@ -202,9 +204,11 @@ def cpu_profile(srv: BenchServer, n: int) -> dict[str, Any]:
         "orchestrator: delete request (teardown)": acc["orch_delete"],
         "orchestrator: between requests": orch - acc["orch_create"] - acc["orch_exec"]
         - acc["orch_delete"],
-        "launch chain (unshare, bash, mount, setpriv, bwrap, holder)": orch_tree - orch,
+        "orchestrator's children (before #32: unshare, bash, mount, setpriv, bwrap, holder)":
+            orch_tree - orch,
         "zygote itself (its forks)": zyg,
-        "zygote children (userns child, spawn child, exits)": zyg_tree - zyg - agents,
+        "zygote children (launcher, holder; before #32: userns and spawn children)":
+            zyg_tree - zyg - agents,
         "agent start": acc["agent_start"],
         "agent exec (incl. the shell)": acc["agent_exec"],
     }
@@ -297,8 +301,9 @@ def main() -> int:
     parser.add_argument("--idle-n", type=int, default=50, help="idle sandboxes measured")
     parser.add_argument("--settle", type=float, default=2.0)
     parser.add_argument("--retries", type=int, default=30, help="SDK retries on 503")
-    parser.add_argument("--baseline-tree", type=Path, default=None,
-                        help="another checkout measured in the same run (git worktree add)")
+    parser.add_argument("--baseline-tree", type=Path, action="append", default=[],
+                        help="another checkout measured in the same run (git worktree add); "
+                             "repeat for several")
     args = parser.parse_args()
     if args.quick:
         args.n, args.profile_n, args.idle_n = 50, 10, 5
@@ -306,8 +311,7 @@ def main() -> int:
         parser.error("perf is not installed: apt-get install linux-perf (the Makefile lists it)")
     results: dict[str, Any] = {"loadavg_at_start": os.getloadavg(), "trees": {}}
     trees: list[tuple[str, Path | None]] = [("this", None)]
-    if args.baseline_tree:
-        trees.append(("baseline", args.baseline_tree.resolve()))
+    trees += [(tree.name, tree.resolve()) for tree in args.baseline_tree]
     # The bare burst before and after the sandboxes: the machine's drift shows between them.
     console.print(f"bare bwrap burst of {args.n} at {args.concurrency} ...")
     bare = [asyncio.run(bare_bwrap_burst(args.n, args.concurrency))]

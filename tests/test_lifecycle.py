@@ -94,7 +94,7 @@ def test_delete_is_idempotent_and_complete(http: httpx.Client, data_dir: Path) -
     r = http.post(f"/sandboxes/{sid}/exec", json={"command": "sleep 999", "background": True})
     assert r.status_code == 200, r.text
     pids = cgroup_pids(sid)
-    assert len(pids) >= 3, pids  # launcher chain + agent + sleep
+    assert len(pids) >= 2, pids  # the agent (pid 1) + sleep
     assert http.delete(f"/sandboxes/{sid}").status_code == 200
     assert http.delete(f"/sandboxes/{sid}").status_code == 200
 

@@ -27,7 +27,7 @@ R = TypeVar("R")
 
 OrchestratorOption = Annotated[str | None, typer.Option(
     help="Orchestrator URL (default: --url / ORCHARD_URL; with neither, an embedded one is "
-         "started, which needs root and bubblewrap).", show_default=False)]
+         "started, which needs root).", show_default=False)]
 
 
 @dataclass

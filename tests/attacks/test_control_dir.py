@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -23,6 +25,8 @@ from tests.conftest import create_ready, needs_root, run, short_data_dir, wait_u
 pytestmark = [needs_root, pytest.mark.root]
 
 # Finds the agent (the zygote's forked child: its command line is the zygote's) and kills it.
+# The agent is the sandbox's pid 1, which the kernel shields from its own sandbox's SIGKILL,
+# so the test also kills it from the host: the dead agent is what the attack needs.
 KILL_AGENT = ("for p in /proc/[0-9]*; do grep -qa zygote.py $p/cmdline 2>/dev/null "
               "&& kill -9 ${p#/proc/}; done")
 
@@ -53,6 +57,8 @@ def _redirect_attack(http: httpx.Client, data_dir: Path) -> None:
         attack = (f"rm -f /.orchard/ctl/agent.sock; ln -s {target} /.orchard/ctl/agent.sock; "
                   f"setsid sh -c 'sleep 0.5; {KILL_AGENT}' >/dev/null 2>&1 &")
         run(http, a, command=attack)
+        time.sleep(1)
+        os.kill(int((_sdir(data_dir, a) / "agent.pid").read_text()), signal.SIGKILL)
         # The first call after the kill may fail on a pooled connection; a fresh connection
         # is where a followed link would lead to B, so keep asking for a while.
         answers = []

@@ -90,7 +90,7 @@ def test_the_data_dir_is_not_an_image_even_under_an_allowed_path(
     that still must not let a sandbox read the state db, the agents' key or another
     sandbox's files."""
     local = data_dir / "local"
-    for image, path in ((data_dir, "/state.db"), (local, "/launch.sh"),
+    for image, path in ((data_dir, "/state.db"), (local, "/agent.secret"),
                         (local / "sandboxes", "/")):
         assert (image / path.lstrip("/")).exists()
         _assert_refused(_steal(http, str(image), path), "orchestrator's own directory")

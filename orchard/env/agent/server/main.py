@@ -57,7 +57,7 @@ def _serve(sock, token):
 
 def main(argv):
     unix = tcp = token_file = token_env = listen_fd = None
-    ready_fd = None
+    ready_fd = lifeline = None
     forwards = {}  # listening socket -> Unix socket path it relays to
     args = iter(argv)
     for a in args:
@@ -86,6 +86,10 @@ def main(argv):
             token_env = os.environ.pop(next(args), "").encode().strip() or None
         elif a == "--ready-fd":
             ready_fd = int(next(args))
+        elif a == "--lifeline-fd":
+            # A pipe's read end whose writer is our orchestrator: at its EOF we end, and as
+            # the sandbox's pid 1 we take the whole sandbox with us.
+            lifeline = int(next(args))
         else:
             sys.exit(f"orchard-agent: unknown argument {a!r}")
     token = token_env
@@ -133,9 +137,13 @@ def main(argv):
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     sel.register(wake_r, selectors.EVENT_READ)
+    if lifeline is not None:
+        sel.register(lifeline, selectors.EVENT_READ)
     while True:
         for key, _ in sel.select():
-            if key.fileobj == wake_r:
+            if key.fileobj == lifeline and not os.read(lifeline, 1):
+                os._exit(0)
+            if key.fileobj in (wake_r, lifeline):
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 4096):
                         pass

@@ -1,4 +1,4 @@
-"""The local backend: bubblewrap sandboxes on this machine (root, overlayfs, cgroups)."""
+"""The local backend: namespace sandboxes on this machine (root, overlayfs, cgroups)."""
 
 from orchard.env.backends.local.backend import LocalBackend
 

@@ -1,16 +1,15 @@
-"""The local backend: each sandbox is a bubblewrap namespace jail over a private overlay.
+"""The local backend: each sandbox is a set of namespaces over a private overlay.
 
-Launch chain, per sandbox (all processes land in the sandbox's cgroups before anything runs):
+Launch chain, per sandbox (``jail.py``; nothing execs, and the sandbox is in its cgroups
+before it runs anything):
 
-    unshare --mount  ->  bash launch.sh (join cgroups, mount overlay)
-                     ->  setpriv (the sandbox's host uid)  ->  bwrap --userns  ->  holder
+    zygote  ->  launcher (fork; host root: id maps, mounts)
+            ->  agent (clone3: user, mount, pid, ipc, uts, net namespaces; pid 1; pivot_root,
+                then confined: no capabilities, no_new_privs, seccomp)
 
-Sandbox root is an unprivileged host uid, its own per sandbox (``userns.py``); the zygote makes
-the user namespace and the id-mapped image view the overlay reads.
-
-The holder is bwrap's sandboxed child, parked on ``--block-fd`` forever: it only keeps the
-namespaces alive. The agent is forked by the zygote (see ``zygote.py``) straight into the
-holder's cgroups, namespaces and root, sharing the zygote's pre-loaded pages.
+Sandbox root is an unprivileged host uid, its own per sandbox (``userns.py``); the launcher
+writes the user namespace's id maps and makes the id-mapped image view the overlay reads.
+The agent shares the zygote's pre-loaded pages; as pid 1, its end is the sandbox's end.
 
 The overlay is mounted inside the sandbox's own mount namespace, so it disappears with the
 sandbox's last process: killing the cgroup is a complete teardown even after the orchestrator
@@ -25,11 +24,13 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from orchard.env.agent.browser_bundle import ensure_browser_bundle
 from orchard.env.agent.bundle import BUNDLE_MOUNT, BundleError, ensure_bundle
@@ -43,7 +44,7 @@ from orchard.env.backends.base import (
     agent_token,
 )
 from orchard.env.backends.local import network, quota, zygote
-from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
+from orchard.env.backends.local.cgroups import CgroupError, CgroupManager, LimitResult
 from orchard.env.backends.local.host_state import agent_secret, cgroup_group
 from orchard.env.backends.local.image_cache import RegistryImages
 from orchard.env.backends.local.image_pull import Skopeo
@@ -58,7 +59,6 @@ from orchard.env.backends.local.launch import (
     CTL_MOUNT,
     USER_PATH,
     Launcher,
-    await_holder,
     launcher_root,
     record_launcher,
 )
@@ -66,7 +66,7 @@ from orchard.env.backends.local.reaper import Reaper
 from orchard.env.backends.local.relay import MARKER, MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.backends.local.snapshots import SnapshotLayers
-from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of, zygote_userns
+from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of
 from orchard.env.datadir import private_dir
 from orchard.env.images_config import ImagesConfig
 from orchard.env.schema import LimitReport
@@ -77,7 +77,7 @@ _MAX_UNIX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
 class LocalBackend:
-    """Sandboxes on this machine; needs root, bubblewrap, overlayfs and cgroups."""
+    """Sandboxes on this machine; needs root, Linux 5.12+, overlayfs and cgroups."""
 
     name = "local"
     namespace: str | None = None  # sandboxes are processes on this host: no platform namespace
@@ -96,10 +96,6 @@ class LocalBackend:
                 "the local backend needs root (namespaces, overlay mounts, cgroups): run "
                 "`sudo orchard serve` or use the Kubernetes backend"
             )
-        for tool in ("bwrap", "unshare", "mount", "setpriv", "bash"):
-            if shutil.which(tool) is None:
-                raise BackendError(f"'{tool}' is not installed: run `apt-get install bubblewrap "
-                                   "util-linux mount bash` (or `make setup`)")
         if any(c in str(data_dir) for c in ",:"):
             raise BackendError(f"data dir {data_dir} must not contain ',' or ':' (overlayfs "
                                "option syntax); choose another --data-dir")
@@ -107,7 +103,7 @@ class LocalBackend:
         self.egress = network.EgressRules(data_dir / "sandboxes", egress_refresh)
         self.data_dir = data_dir
         # Only host root may enter: images and snapshots hold files owned by host ids, set-id
-        # bits included, and bwrap needs none of it (launch.sh stages what it binds).
+        # bits included, and the sandbox needs none of it (the launcher mounts through fds).
         private_dir(data_dir)
         self.sandboxes_dir = private_dir(data_dir / "sandboxes")
         self._secret = agent_secret(data_dir / "agent.secret")
@@ -115,11 +111,9 @@ class LocalBackend:
         self.ready_timeout = ready_timeout
         # An embedded orchestrator's sandboxes must not outlive its process (nobody could
         # re-adopt them); a standalone one's do, so a restart can re-adopt them. The embedded
-        # one's holders park on this pipe, whose write end only this process holds (it is
-        # close-on-exec), so they end with it even after a SIGKILL. bwrap's --die-with-parent
-        # is not enough: it ends the outer bwrap, but the holder itself lives on.
-        self._holder_lifeline = os.pipe() if die_with_orchestrator else None
-        self._launchers: dict[str, subprocess.Popen[bytes]] = {}
+        # one's agents watch the zygote's lifeline, whose write end only this process holds
+        # (it is close-on-exec), so they end with it even after a SIGKILL.
+        self._die_with_orchestrator = die_with_orchestrator
         self._slirps: dict[str, subprocess.Popen[bytes]] = {}
         cache = cache_dir or data_dir
         private_dir(cache / "images")
@@ -216,17 +210,9 @@ class LocalBackend:
             raise BackendError(
                 f"agent socket path {sock} is over {_MAX_UNIX_PATH} bytes (the AF_UNIX limit); "
                 "use a shorter sandbox_id or a shorter --data-dir")
-        # The dir comes first: it is this orchestrator's claim on the id (list() reads dirs),
-        # so a crash at any later point leaves something the reconcile pass will find.
         # With a disk quota, upper and work are made here and copied into its file system.
         layers = sdir / quota.DISK_DIR if spec.disk and quota.unavailable() is None else sdir
-        for sub in (layers / "upper", layers / "work", sdir / "stage", sdir / "ctl"):
-            sub.mkdir(parents=True, exist_ok=True)
-        sdir.chmod(0o700)
-        # Host root's, and read-only inside: the sandbox cannot replace what is in it.
-        (sdir / "ctl").chmod(0o755)
-        if image.digest is not None and await asyncio.to_thread(
-                self.images.claim, image.digest, sdir) is None:
+        if not await asyncio.to_thread(self._make_dir, sdir, layers, image):
             # Evicted between the pull and now: once more, then it is there.
             image = await self._resolve(spec)
             if image.digest is None or self.images.claim(image.digest, sdir) is None:
@@ -234,57 +220,28 @@ class LocalBackend:
                 raise BackendError(f"image {spec.image} was removed from the cache while "
                                    "the sandbox started; create it again")
         try:
-            limits = self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
+            limits = await asyncio.to_thread(
+                self.cgroups.create, spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
         except (ValueError, CgroupError) as e:
             shutil.rmtree(sdir, ignore_errors=True)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
-        if self._holder_lifeline is not None:
-            block_r, block_w = self._holder_lifeline[0], None
-        else:
-            # The holder blocks reading this pipe; it also inherits the write end, so the
-            # read can never see EOF, whoever else dies.
-            block_r, block_w = os.pipe()
         # A networked sandbox's slirp4netns exits when this pipe's write end closes; only
-        # the holder keeps that end, so the network goes when the sandbox does.
+        # the agent (pid 1) keeps that end, so the network goes when the sandbox does.
         net_r, net_w = os.pipe() if not spec.block_network else (-1, -1)
-        userns_fd, lower_fds = -1, []
         token = spec.agent_token or agent_token(self._secret, spec.sandbox_id)
         try:
-            lower = self.launcher.host_skeleton if image.kind == "host" else image.rootfs
-            assert lower is not None
-            # A sandbox started from a snapshot mounts the snapshot's layers over the image.
-            chain = self.snapshots.pin(sdir, spec.snapshot) if spec.snapshot else []
-            uid, userns_fd, lower_fds = await asyncio.to_thread(
-                self._user_namespace, sdir, layers / "upper",
-                [*self.snapshots.layers(chain), lower])
-            limits["disk"] = (await asyncio.to_thread(quota.make_disk, sdir, spec.disk)
-                              if spec.disk else quota.not_requested())
-            with open(sdir / "launch.log", "ab") as log, open(self.seccomp_path, "rb") as bpf:
-                procs = [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)]
-                argv = self.launcher.argv(
-                    spec, image, sdir, procs, bpf.fileno(), block_r, uid, userns_fd,
-                    lower_fds, sdir / quota.DISK_IMAGE if layers != sdir else None)
-                fds = tuple(fd for fd in (bpf.fileno(), block_r, block_w, net_w, userns_fd,
-                                          *lower_fds) if fd is not None and fd >= 0)
-                proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    pass_fds=fds, start_new_session=True, env={"PATH": USER_PATH},
-                )
-            for fd in (*lower_fds, userns_fd):
-                os.close(fd)
-            userns_fd, lower_fds = -1, []
-            self._launchers[spec.sandbox_id] = proc
+            uid, request, limits["disk"] = await asyncio.to_thread(
+                self._prepare_launch, spec, image, sdir, layers)
             if spec.model_proxy:
                 assert spec.session is not None  # check() refused it otherwise
                 # So an adopting orchestrator re-opens the relay, for the same session.
                 (sdir / MARKER).write_text(spec.session)
                 await self.relays.open(spec.sandbox_id, sdir / "ctl", uid, spec.session)
-            holder = await await_holder(spec.sandbox_id, proc, sdir / "launch.log",
-                                        self.ready_timeout)
-            record_launcher(sdir, proc.pid)
+            reply = await self._launch(spec, image, request, token, net_w)
+            if reply["launcher"] is not None:
+                record_launcher(sdir, reply["launcher"])
             if not spec.block_network:
-                await self._attach_network(spec, holder, net_r)
-            await self._fork_agent(spec, holder, token, image)
+                await self._attach_network(spec, reply["pid"], net_r)
         except quota.QuotaError as e:
             await self.delete(spec.sandbox_id)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
@@ -292,10 +249,7 @@ class LocalBackend:
             await self.delete(spec.sandbox_id)
             raise
         finally:
-            owned = [userns_fd, *lower_fds, net_r, net_w]
-            if block_w is not None:  # not the lifeline, which lives as long as we do
-                owned += [block_r, block_w]
-            for fd in owned:
+            for fd in (net_r, net_w):
                 if fd >= 0:
                     os.close(fd)
         return SandboxHandle(
@@ -306,13 +260,44 @@ class LocalBackend:
             token=token,
         )
 
-    async def _attach_network(self, spec: SandboxSpec, holder: int, exit_fd: int) -> None:
+    def _make_dir(self, sdir: Path, layers: Path, image: ResolvedImage) -> bool:
+        """The sandbox dir, and its claim on a cached image (False: the image was evicted).
+        The dir comes first: it is this orchestrator's claim on the id (list() reads dirs),
+        so a crash at any later point leaves something the reconcile pass will find.
+        Blocking, as everything below the event loop's create."""
+        for sub in (layers / "upper", layers / "work", sdir / "stage" / "root", sdir / "ctl"):
+            sub.mkdir(parents=True, exist_ok=True)
+        sdir.chmod(0o700)
+        # Host root's, and read-only inside: the sandbox cannot replace what is in it.
+        (sdir / "ctl").chmod(0o755)
+        return image.digest is None or self.images.claim(image.digest, sdir) is not None
+
+    def _prepare_launch(self, spec: SandboxSpec, image: ResolvedImage, sdir: Path,
+                        layers: Path) -> tuple[int, dict[str, Any], LimitResult]:
+        """The uid range, the disk quota and the zygote's request (see ``launch.py``)."""
+        lower = self.launcher.host_skeleton if image.kind == "host" else image.rootfs
+        assert lower is not None
+        # A sandbox started from a snapshot mounts the snapshot's layers over the image.
+        chain = self.snapshots.pin(sdir, spec.snapshot) if spec.snapshot else []
+        try:
+            uid = self.uid_ranges.claim(sdir)
+        except UidRangeError as e:
+            raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
+        # Sandbox root owns its root directory (the overlay's top takes the upper dir's owner).
+        os.chown(layers / "upper", uid, uid)
+        disk = quota.make_disk(sdir, spec.disk) if spec.disk else quota.not_requested()
+        request = self.launcher.request(spec, image, sdir, uid,
+                                        [*self.snapshots.layers(chain), lower],
+                                        disk=layers != sdir)
+        return uid, request, disk
+
+    async def _attach_network(self, spec: SandboxSpec, agent: int, exit_fd: int) -> None:
         """Egress rules (and an allow-list's resolver) first, then the link: no packet leaves
-        before the rules are in. Both act on a handle of the holder's network namespace,
+        before the rules are in. Both act on a handle of the agent's network namespace,
         never on its pid again."""
         sdir = self._dir(spec.sandbox_id)
         try:
-            netns = await asyncio.to_thread(network.open_netns, holder,
+            netns = await asyncio.to_thread(network.open_netns, agent,
                                             lambda: self.cgroups.pids(spec.sandbox_id))
             try:
                 await self.egress.install(spec.sandbox_id, netns, spec.egress)
@@ -325,55 +310,56 @@ class LocalBackend:
         except network.NetworkError as e:
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
 
-    def _user_namespace(self, sdir: Path, upper: Path,
-                        lowers: list[Path]) -> tuple[int, int, list[int]]:
-        """Claims the sandbox's host uid range and has the zygote make its user namespace and
-        the id-mapped views of its lower layers: (host uid of its root, userns fd, lower fds).
-        Blocking."""
-        try:
-            uid = self.uid_ranges.claim(sdir)
-            # Sandbox root owns its root directory (the overlay's top takes the upper dir's
-            # owner).
-            os.chown(upper, uid, uid)
-            userns_fd, lower_fds = zygote_userns(self.zygote_socket, uid, lowers,
-                                                 self.ready_timeout)
-        except UidRangeError as e:
-            raise BackendError(f"sandbox {sdir.name}: {e}") from None
-        return uid, userns_fd, lower_fds
-
     def _agent_env(self, spec: SandboxSpec, image: ResolvedImage) -> dict[str, str]:
         # The image's Env (PATH above all) over our defaults; the create's env over both.
         from_image = image.config.env if image.config is not None else {}
         return {"PATH": USER_PATH, "HOME": "/root", "LANG": "C.UTF-8",
                 "HOSTNAME": spec.sandbox_id[:63], **from_image, **spec.env}
 
-    async def _fork_agent(self, spec: SandboxSpec, holder: int, token: str,
-                          image: ResolvedImage) -> None:
+    async def _launch(self, spec: SandboxSpec, image: ResolvedImage, request: dict[str, Any],
+                      token: str, net_w: int) -> dict[str, Any]:
+        """Has the zygote launch the sandbox (see ``jail.py``): its reply names the agent (the
+        sandbox's pid 1) and, with a disk quota, the launcher kept alive."""
         version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        request = {
-            "holder": holder, "env": self._agent_env(spec, image),
-            "procs": [str(p) for p in self.cgroups.procs_files(spec.sandbox_id)],
-            # Bound by the zygote on the host, in a dir only host root may write: no path
+        v2, v1 = self.cgroups.membership(spec.sandbox_id)
+        request |= {
+            "cgroup": str(v2) if v2 else None, "procs": [str(p) for p in v1],
+            "lifeline": self._die_with_orchestrator, "env": self._agent_env(spec, image),
+            # Bound by the launcher on the host, in a dir only host root may write: no path
             # that sandbox code controls is ever on the way to the agent.
             "listen": str(self.socket_path(spec.sandbox_id)), "token": token,
             "forward": (f"127.0.0.1:{MODEL_PORT}={CTL_MOUNT}/{MODEL_SOCKET}"
                         if spec.model_proxy else None),
             "path": [f"{BUNDLE_MOUNT}/lib/{version}", f"{BUNDLE_MOUNT}/lib/{version}/lib-dynload"],
         }
-        try:
-            reader, writer = await asyncio.open_unix_connection(str(self.zygote_socket))
-            writer.write(json.dumps(request).encode() + b"\n")
-            await writer.drain()
-            line = await asyncio.wait_for(reader.readline(), self.ready_timeout)
-            writer.close()
-        except (OSError, TimeoutError) as e:
-            raise BackendError(f"sandbox {spec.sandbox_id}: the agent fork-server did not "
-                               f"answer ({e!r}); see {self.data_dir / 'zygote.log'}") from None
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.setblocking(False)
+            try:
+                await loop.sock_connect(conn, str(self.zygote_socket))
+                # A few kB into an empty socket buffer: this send never blocks.
+                socket.send_fds(conn, [json.dumps({"launch": request}).encode() + b"\n"],
+                                [net_w] if net_w >= 0 else [])
+                line = await asyncio.wait_for(self._read_line(conn), self.ready_timeout)
+            except (OSError, TimeoutError) as e:
+                raise BackendError(f"sandbox {spec.sandbox_id}: the fork-server did not launch "
+                                   f"it ({e!r}); see {self.data_dir / 'zygote.log'}") from None
         reply = json.loads(line or b'{"error": "no reply"}')
         if "error" in reply:
-            raise BackendError(f"sandbox {spec.sandbox_id}: agent failed to start: "
-                               f"{reply['error']}")
+            raise BackendError(f"sandbox {spec.sandbox_id} failed to start: {reply['error']}")
         (self._dir(spec.sandbox_id) / "agent.pid").write_text(str(reply["pid"]))
+        return reply
+
+    @staticmethod
+    async def _read_line(conn: socket.socket) -> bytes:
+        loop = asyncio.get_running_loop()
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = await loop.sock_recv(conn, 4096)
+            if not chunk:
+                break
+            data += chunk
+        return data
 
     # --- delete / list / adopt -------------------------------------------------------------
 
@@ -408,15 +394,12 @@ class LocalBackend:
     def _children(self, sandbox_id: str) -> list[subprocess.Popen[bytes]]:
         """Our own children among the sandbox's processes, for the reaper to wait for so
         that none is left a zombie."""
-        return [child for child in (self._launchers.pop(sandbox_id, None),
-                                    self._slirps.pop(sandbox_id, None)) if child is not None]
+        slirp = self._slirps.pop(sandbox_id, None)
+        return [slirp] if slirp is not None else []
 
     async def list(self) -> set[str]:
         """Sandboxes of THIS data dir only: other orchestrators on the host share the cgroup
         tree, and their sandboxes are not ours to reap."""
-        for sid, launcher in list(self._launchers.items()):
-            if launcher.poll() is not None:  # crashed: reap it; its dirs stay until delete
-                self._launchers.pop(sid, None)  # a teardown thread may have popped it
         return {p.name for p in self.sandboxes_dir.iterdir() if p.is_dir()}
 
     async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
@@ -425,7 +408,7 @@ class LocalBackend:
             agent = int((self._dir(sandbox_id) / "agent.pid").read_text())
         except (OSError, ValueError):
             return None
-        # The agent itself must be alive: the holder alone keeps the cgroup populated.
+        # The agent itself must be alive (a disk quota's launcher keeps the cgroup populated).
         if not sock.exists() or agent not in self.cgroups.pids(sandbox_id):
             return None
         # The allow-list's resolver lived in the orchestrator that made the sandbox.
@@ -496,9 +479,5 @@ class LocalBackend:
         await self.reaper.close()
         self.cgroups.remove_group()
         os.close(self._lifeline)
-        if self._holder_lifeline is not None:
-            for fd in self._holder_lifeline:
-                os.close(fd)
-            self._holder_lifeline = None
         await asyncio.to_thread(self._zygote.wait)
 

@@ -8,8 +8,9 @@ Layout per sandbox ``<id>`` under the manager's ``group``:
   ``<root>/unified`` on a hybrid one.  On hybrid hosts the v2 directory carries no limits, it
   exists for ``cgroup.kill`` / ``cgroup.freeze`` and as a membership record.
 
-A launcher joins every directory (see :meth:`CgroupManager.procs_files`) before exec'ing the
-sandbox, so all descendants are accounted from their first instruction.  The manager only ever
+A launch puts the sandbox in every directory (see :meth:`CgroupManager.membership`: clone3 is
+born into the v2 one, the v1 ones are joined) before it runs anything, so all descendants are
+accounted from their first instruction.  The manager only ever
 creates, writes or removes directories at or below ``<group>``; in particular it never touches
 the ``cgroup.subtree_control`` of ``<group>``'s parent, so on v2 the controllers have to be
 delegated to ``<group>`` by whoever owns that parent (systemd does for the root cgroup).
@@ -21,12 +22,17 @@ import contextlib
 import errno
 import os
 import re
-import signal
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchard.env.backends.local.cgroupfs import (
+    cgroup_mounts,
+    keyed,
+    kill_all,
+    read_file,
+    write_file,
+)
 from orchard.env.errors import OrchestratorError
 from orchard.env.quantities import parse_cpu, parse_memory
 
@@ -69,49 +75,6 @@ class _Hierarchy:
         return f"v{self.version}:{self.mount}"
 
 
-def _unescape_mountinfo(field: str) -> str:
-    # mountinfo octal-escapes space, tab, newline and backslash in paths.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
-
-
-def _cgroup_mounts() -> Iterator[tuple[Path, str, set[str]]]:
-    """(mount point, fstype, super options) of every cgroup/cgroup2 mount in our namespace."""
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        for line in f:
-            fields = line.split()
-            sep = fields.index("-")
-            fstype = fields[sep + 1]
-            if fstype in ("cgroup", "cgroup2"):
-                opts = set(fields[sep + 3].split(",")) if len(fields) > sep + 3 else set()
-                yield Path(_unescape_mountinfo(fields[4])), fstype, opts
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def _write(path: Path, value: str) -> None:
-    # cgroupfs reports errors on write(), which open().write() + buffering could hide until
-    # close(); a single unbuffered os.write surfaces the errno directly.
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
-def _keyed(text: str | None, key: str) -> int | None:
-    """Value of ``key`` in a flat-keyed cgroup file such as memory.events."""
-    for line in (text or "").splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            return int(value)
-    return None
-
-
 class CgroupManager:
     """Creates, limits, inspects and kills the cgroups of sandboxes below one ``group``."""
 
@@ -126,7 +89,7 @@ class CgroupManager:
         self._detect(root.resolve())
         v2_controllers = set()
         if self._v2 is not None:
-            v2_controllers = set((_read(self._v2.mount / "cgroup.controllers") or "").split())
+            v2_controllers = set((read_file(self._v2.mount / "cgroup.controllers") or "").split())
         # A controller can be bound to one hierarchy only; v1 wins because on a hybrid host the
         # v2 tree only sees controllers nobody mounted on v1.
         self._controllers: dict[str, _Hierarchy | None] = {}
@@ -142,7 +105,7 @@ class CgroupManager:
         self._freezer = self._v1.get("freezer", self._v2)
 
     def _detect(self, root: Path) -> None:
-        for mount, fstype, opts in _cgroup_mounts():
+        for mount, fstype, opts in cgroup_mounts():
             if not mount.is_relative_to(root):
                 continue
             if fstype == "cgroup2":
@@ -264,8 +227,8 @@ class CgroupManager:
         for part in self.group.parts:
             current = current / part
             current.mkdir(exist_ok=True)
-            available = set((_read(current / "cgroup.controllers") or "").split())
-            enabled = set((_read(current / "cgroup.subtree_control") or "").split())
+            available = set((read_file(current / "cgroup.controllers") or "").split())
+            enabled = set((read_file(current / "cgroup.subtree_control") or "").split())
             for name in wanted:
                 if name in enabled or name in errors:
                     continue
@@ -276,7 +239,7 @@ class CgroupManager:
                     )
                     continue
                 try:
-                    _write(current / "cgroup.subtree_control", f"+{name}")
+                    write_file(current / "cgroup.subtree_control", f"+{name}")
                 except OSError as exc:
                     # EBUSY here is the v2 "no internal processes" rule: something has put
                     # processes directly into a group directory.
@@ -311,13 +274,20 @@ class CgroupManager:
             if not required and not path.exists():
                 continue
             try:
-                _write(path, value)
+                write_file(path, value)
             except OSError as exc:
                 return LimitResult(requested, False, f"writing {value!r} to {path} failed: {exc}")
             applied.append(f"{filename}={value}")
         return LimitResult(requested, True, f"{h}: {', '.join(applied)}")
 
     # -- membership ----------------------------------------------------------------------
+
+    def membership(self, sandbox_id: str) -> tuple[Path | None, list[Path]]:
+        """How a launch joins the sandbox's cgroups: the v2 directory (a clone3 is born into
+        it, CLONE_INTO_CGROUP) and the ``cgroup.procs`` of each v1 hierarchy."""
+        files = self.procs_files(sandbox_id)
+        v2 = self._dir(self._v2, sandbox_id) if self._v2 else None
+        return v2, [f for f in files if f.parent != v2]
 
     def procs_files(self, sandbox_id: str) -> list[Path]:
         """Every ``cgroup.procs`` a launcher must write its own pid into before exec."""
@@ -332,7 +302,7 @@ class CgroupManager:
         found: set[int] = set()
         for d in self._existing_dirs(sandbox_id):
             for dirpath, _, _ in os.walk(d):
-                text = _read(Path(dirpath) / "cgroup.procs")
+                text = read_file(Path(dirpath) / "cgroup.procs")
                 found.update(int(p) for p in (text or "").split())
         return found
 
@@ -360,7 +330,7 @@ class CgroupManager:
         if h is None:
             return None
         filename = "memory.usage_in_bytes" if h.version == 1 else "memory.current"
-        text = _read(self._dir(h, sandbox_id) / filename)
+        text = read_file(self._dir(h, sandbox_id) / filename)
         return int(text) if text else None
 
     def oom_killed(self, sandbox_id: str) -> bool:
@@ -369,7 +339,7 @@ class CgroupManager:
         if h is None:
             return False
         filename = "memory.oom_control" if h.version == 1 else "memory.events"
-        return (_keyed(_read(self._dir(h, sandbox_id) / filename), "oom_kill") or 0) > 0
+        return (keyed(read_file(self._dir(h, sandbox_id) / filename), "oom_kill") or 0) > 0
 
     # -- teardown ------------------------------------------------------------------------
 
@@ -388,11 +358,11 @@ class CgroupManager:
             # Atomic against concurrent forks, unlike any signal loop.  A concurrent kill() may
             # have removed the directory already, which is the outcome we want anyway.
             with contextlib.suppress(FileNotFoundError):
-                _write(v2_dir / "cgroup.kill", "1")
+                write_file(v2_dir / "cgroup.kill", "1")
         else:
             self._freeze_and_kill(sandbox_id, deadline)
         # Processes that joined only some hierarchies (a launcher that died midway).
-        _signal_all(self.pids(sandbox_id))
+        kill_all(self.pids(sandbox_id))
 
     def kill(self, sandbox_id: str, timeout: float = 5.0) -> None:
         """SIGKILL every process of the sandbox and remove its directories.
@@ -409,7 +379,7 @@ class CgroupManager:
         if v2_dir is not None and (v2_dir / "cgroup.kill").exists():
             # Every process joined this hierarchy: wait on its one file, not on every one
             # (with many teardowns at once, re-reading them all kept the GIL busy).
-            while (_read(v2_dir / "cgroup.procs") or "").strip():
+            while (read_file(v2_dir / "cgroup.procs") or "").strip():
                 if time.monotonic() > deadline:
                     break
                 time.sleep(_POLL_S)
@@ -421,7 +391,7 @@ class CgroupManager:
                     f"for {timeout}s (uninterruptible sleep?); cgroups left in place: "
                     f"{', '.join(map(str, dirs))}"
                 )
-            _signal_all(remaining)
+            kill_all(remaining)
             time.sleep(_POLL_S)
         for d in dirs:
             _rmdir_tree(d, deadline)
@@ -441,7 +411,7 @@ class CgroupManager:
         if control is None or not control[0].exists():
             raise CgroupError(f"sandbox {sandbox_id!r} has no freezer cgroup (layout: "
                               f"{self.layout()}); it cannot be paused on this host")
-        _write(control[0], control[1])
+        write_file(control[0], control[1])
         deadline = time.monotonic() + timeout
         while not self.frozen(sandbox_id):
             if time.monotonic() > deadline:
@@ -452,29 +422,29 @@ class CgroupManager:
     def thaw(self, sandbox_id: str) -> None:
         control = self._freezer_control(sandbox_id)
         if control is not None and control[0].exists():
-            _write(control[0], control[2])
+            write_file(control[0], control[2])
 
     def frozen(self, sandbox_id: str) -> bool:
         if self._freezer is None:
             return False
         d = self._dir(self._freezer, sandbox_id)
         if self._freezer.version == 1:
-            return (_read(d / "freezer.state") or "").strip() == "FROZEN"
-        return _keyed(_read(d / "cgroup.events"), "frozen") == 1
+            return (read_file(d / "freezer.state") or "").strip() == "FROZEN"
+        return keyed(read_file(d / "cgroup.events"), "frozen") == 1
 
     def _freeze_and_kill(self, sandbox_id: str, deadline: float) -> None:
         """Freeze so the process list cannot change under us, SIGKILL it all, then thaw."""
         control = self._freezer_control(sandbox_id)
         if control is None or not control[0].exists():
             return
-        _write(control[0], control[1])
+        write_file(control[0], control[1])
         try:
             while not self.frozen(sandbox_id) and time.monotonic() < deadline:
                 time.sleep(_POLL_S)
-            _signal_all(self.pids(sandbox_id))
+            kill_all(self.pids(sandbox_id))
         finally:
             # Frozen tasks only act on the pending SIGKILL once thawed.
-            _write(control[0], control[2])
+            write_file(control[0], control[2])
 
 
 def _cfs(cores: float) -> tuple[int, int]:
@@ -486,12 +456,6 @@ def _cfs(cores: float) -> tuple[int, int]:
         period = _CFS_MAX_PERIOD_US
         quota = max(_CFS_MIN_QUOTA_US, round(cores * period))
     return quota, period
-
-
-def _signal_all(pids: set[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _rmdir_tree(d: Path, deadline: float) -> None:

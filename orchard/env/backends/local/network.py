@@ -1,10 +1,10 @@
 """Networked sandboxes: a network namespace of their own, user-mode networking, egress rules.
 
-Every sandbox gets its own network namespace (bwrap --unshare-net). For one created with
-``block_network: false`` the backend then attaches slirp4netns, which gives the namespace a
-tap device (10.0.2.100/24, gateway 10.0.2.2, DNS forwarder 10.0.2.3) and carries its traffic
-out through ordinary sockets of the host, so no host interface, route, bridge or sysctl is
-changed. ``--disable-host-loopback`` stops the gateway address from reaching the host's
+Every sandbox gets its own network namespace (see ``jail.py``), with only ``lo`` up. For one
+created with ``block_network: false`` the backend then attaches slirp4netns, which gives the
+namespace a tap device (10.0.2.100/24, gateway 10.0.2.2, DNS forwarder 10.0.2.3) and carries
+its traffic out through ordinary sockets of the host, so no host interface, route, bridge or
+sysctl is changed. ``--disable-host-loopback`` stops the gateway address from reaching the host's
 127.0.0.1, and an nftables table inside the sandbox's namespace (where the sandbox, without
 capabilities, cannot change it) decides what may leave:
 

@@ -1,8 +1,8 @@
 """Per-sandbox disk quota: the overlay's upper and work dirs on a loop-mounted sparse ext4.
 
 Only a sandbox created with ``disk`` gets one. Its ``<sandbox>/disk.img`` is a sparse file
-of that size holding an ext4 made here; ``launch.sh`` loop-mounts it on its launch stage
-(``disk`` there, see ``launch.py``) inside the sandbox's private mount namespace, so the mount
+of that size holding an ext4 made here; the launcher loop-mounts it on ``<sandbox>/stage/disk``
+(see ``jail.loop_mount``) inside the sandbox's launch mount namespace, so the mount
 (and, through the loop device's autoclear flag, the loop device) goes away with the sandbox's
 last process, even when the orchestrator was killed. Writes past the size fail with ENOSPC
 inside the sandbox.

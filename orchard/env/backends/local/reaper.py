@@ -39,7 +39,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
-from orchard.env.backends.local.cgroups import CgroupManager, _unescape_mountinfo
+from orchard.env.backends.local.cgroupfs import unescape_mountinfo
+from orchard.env.backends.local.cgroups import CgroupManager
+from orchard.env.backends.local.quota import DISK_IMAGE
 from orchard.env.backends.local.userns import UidRanges, uid_of
 from orchard.env.datadir import private_dir
 from orchard.env.errors import OrchestratorError
@@ -170,7 +172,8 @@ class Reaper:
     def _remove(self, entry: Path) -> None:
         base = uid_of(entry)
         deadline = time.monotonic() + self.detach_timeout
-        while loops := _loop_devices_under(entry):
+        # Only a disk quota's image backs a loop device.
+        while (entry / DISK_IMAGE).exists() and (loops := _loop_devices_under(entry)):
             if time.monotonic() > deadline:
                 log.warning("loop devices %s still back files in %s; removing it anyway (they "
                             "are autoclear and go with their last user)", loops, entry)
@@ -200,7 +203,7 @@ def _detach_mounts_under(path: Path) -> None:
     deepest first, so removing ``path`` never deletes files of another file system."""
     prefix = str(path.resolve())
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        points = [_unescape_mountinfo(line.split()[4]) for line in f]
+        points = [unescape_mountinfo(line.split()[4]) for line in f]
     libc = ctypes.CDLL(None, use_errno=True)
     for point in sorted((p for p in points if p == prefix or p.startswith(prefix + os.sep)),
                         key=len, reverse=True):

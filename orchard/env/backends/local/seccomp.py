@@ -1,4 +1,4 @@
-"""Seccomp filter for local sandboxes, in the classic-BPF form bwrap's ``--seccomp FD`` loads.
+"""Seccomp filter for local sandboxes, in the classic-BPF form that PR_SET_SECCOMP loads.
 
 Policy: allow by default, fail kernel-administration and namespace/escape syscalls with EPERM.
 It is compiled for the native architecture only: syscalls made through another ABI (e.g.

@@ -14,9 +14,7 @@ reused once no slot is free.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 from pathlib import Path
 
 from orchard.env.errors import OrchestratorError
@@ -123,28 +121,3 @@ def uid_of(sandbox_dir: Path) -> int | None:
         return int((sandbox_dir / UID_FILE).read_text())
     except (OSError, ValueError):
         return None
-
-
-def zygote_userns(zygote_socket: Path, uid: int, lowers: list[Path],
-                  timeout: float) -> tuple[int, list[int]]:
-    """Asks the zygote (see zygote.py) for a sandbox's user namespace, mapping 0..RANGE_SIZE-1
-    to host ``uid``.., and a read-only view of each of ``lowers`` id-mapped through it:
-    (userns fd, mount fds in the order of lowers), all the caller's to close. Blocking;
-    UidRangeError says what failed."""
-    request = {"userns": {"uid": uid, "count": RANGE_SIZE, "lowers": [str(p) for p in lowers]}}
-    want = 1 + len(lowers)
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(timeout)
-            conn.connect(str(zygote_socket))
-            conn.sendall(json.dumps(request).encode() + b"\n")
-            line, fds, _, _ = socket.recv_fds(conn, 65536, want)
-    except OSError as e:
-        raise UidRangeError(f"the agent fork-server did not answer ({e!r})") from None
-    reply = json.loads(line or b'{"error": "no reply"}')
-    if "error" in reply or len(fds) != want:
-        for fd in fds:
-            os.close(fd)
-        raise UidRangeError(f"could not make the user namespace: "
-                            f"{reply.get('error', 'no fds in the reply')}")
-    return fds[0], fds[1:]
