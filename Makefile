@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux e2fsprogs redis-server \
 	python3-pytest slirp4netns nftables chromium \
-	skopeo docker-registry apache2-utils linux-perf
+	skopeo docker-registry apache2-utils linux-perf strace
 STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps harbor demo tour test lint unasync bench validate-manifests clean
