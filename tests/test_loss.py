@@ -41,6 +41,7 @@ def test_ppo_clip_loss_matches_hand_computation() -> None:
     assert stats["clip_fraction"] == pytest.approx(2 / 5)
     assert stats["ratio_mean"] == pytest.approx(sum(ratios) / 5)
     assert stats["approx_kl"] == pytest.approx(sum(r - 1 - math.log(r) for r in ratios) / 5)
+    assert stats["ratio_sq_mean"] == pytest.approx(sum(r * r for r in ratios) / 5)
     assert stats["entropy"] == pytest.approx(sum(entropies) / 5)
 
     loss.backward()
@@ -115,7 +116,8 @@ def test_entropy_bonus_lowers_the_loss() -> None:
 def test_no_change_means_no_kl_and_unit_ratio() -> None:
     _, stats = ppo_clip_loss(tensor(LOGPROBS), tensor(LOGPROBS), torch.tensor([1.0, -1.0]),
                              torch.tensor(MASK))
-    assert stats == {"clip_fraction": 0.0, "ratio_mean": 1.0, "approx_kl": 0.0}
+    assert stats == {"clip_fraction": 0.0, "ratio_mean": 1.0, "approx_kl": 0.0,
+                     "ratio_sq_mean": 1.0}
 
 
 def test_num_tokens_makes_micro_batches_add_up() -> None:

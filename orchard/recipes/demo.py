@@ -320,10 +320,7 @@ class Demo:
         ``out/name``."""
         log = train_rl(
             model, self.train, self.client, server, self.out / name, config or self.config.rl,
-            harness=self._policy_harness(server), on_step=lambda r: self.log(
-                f"  {name} step {r['step']}: {r['groups']} groups, resolved "
-                f"{r['resolved_rate']:.0%} of {r['rollouts']} rollouts, mean reward "
-                f"{r['mean_reward'] or 0:.2f}, {r['seconds']:.0f} s"))
+            harness=self._policy_harness(server), on_step=lambda r: self.log(step_line(name, r)))
         self.results[name] = log
         return log
 
@@ -365,6 +362,18 @@ class Demo:
                                                encoding="utf-8")
         draw_learning_curve(sft_log, rl_log, stages, self.out / "learning_curve.png")
         return self.results
+
+
+def step_line(name: str, record: dict[str, Any]) -> str:
+    """One RL step in words: its sampling, how far its update moved the policy, warnings."""
+    line = (f"  {name} step {record['step']}: {record['groups']} groups, resolved "
+            f"{record['resolved_rate']:.0%} of {record['rollouts']} rollouts, mean reward "
+            f"{record['mean_reward'] or 0:.2f}")
+    if "approx_kl" in record:
+        line += (f", final-epoch KL {record['approx_kl']:.1e}, clip "
+                 f"{record['clip_fraction']:.1%}")
+    line += f", {record['seconds']:.0f} s"
+    return "\n".join([line, *(f"  warning: {w}" for w in record.get("warnings", ()))])
 
 
 def _serve(stack: contextlib.ExitStack, policy: Policy, model_name: str) -> str:

@@ -78,9 +78,10 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tens
 def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
                sample: Callable[[int], tuple[Data, dict[str, Any]]],
                update: Callable[[Data], dict[str, Any]], log: Path,
-               on_step: Callable[[dict[str, Any]], None] | None = None
+               on_step: Callable[[dict[str, Any]], None] | None = None, start: int = 0
                ) -> list[dict[str, Any]]:
-    """``steps`` rounds of sample -> update -> sync -> log; returns one record per step.
+    """Steps ``start`` .. ``steps`` - 1 of sample -> update -> sync -> log (``start``: where a
+    resumed run picks up); returns one record per step run.
 
     Each record is the step, what ``sample`` said, what ``update`` returned, the seconds spent
     sampling (``rollout_seconds``), training (``train_seconds``) and in all (``seconds``), and
@@ -88,7 +89,7 @@ def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
     trains on nothing and syncs nothing (e.g. BAR dropped every group). Records are appended
     to ``log`` as JSON lines as they are made, and handed to ``on_step``."""
     history: list[dict[str, Any]] = []
-    for step in range(steps):
+    for step in range(start, steps):
         started = time.monotonic()
         data, sampled = sample(step)
         record: dict[str, Any] = {"step": step, **sampled,

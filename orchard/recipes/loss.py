@@ -169,7 +169,9 @@ def ppo_clip_loss(
 
     Stats (floats, over the masked tokens): clip_fraction (share of tokens whose objective the
     clip cut, so they get no gradient), ratio_mean, approx_kl (mean of (ratio - 1) - log ratio,
-    the k3 estimator of KL(old || new)), and entropy when given."""
+    the k3 estimator of KL(old || new)), ratio_sq_mean (the ratio's second moment: its spread
+    is sqrt(ratio_sq_mean - ratio_mean ** 2), pooled exactly across micro-batches), and
+    entropy when given."""
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [batch, tokens], got shape {tuple(logprobs.shape)}")
     if not 0 <= clip_low < 1 or clip_high < 0:
@@ -201,6 +203,7 @@ def ppo_clip_loss(
             "clip_fraction": (clipped * adv < ratio * adv)[mask].float().mean().item(),
             "ratio_mean": ratio[mask].mean().item(),
             "approx_kl": ((ratio - 1) - log_ratio)[mask].mean().item(),
+            "ratio_sq_mean": (ratio * ratio)[mask].mean().item(),
         }
         if entropy is not None:
             stats["entropy"] = entropy[mask].mean().item()

@@ -23,7 +23,9 @@ update -> sync -> log) is ``loop.train_loop``, the one distillation runs too.
 from __future__ import annotations
 
 import json
+import logging
 import random
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,8 @@ from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, tok
 from orchard.recipes.policy_server.weight_sync import ServesWeights
 from orchard.rollout.traces.samples import Sample, build_samples
 from orchard.tasks.protocol import Task
+
+log = logging.getLogger(__name__)
 
 # How a harness's exit maps to BAR's statuses. A rollout that failed (environment, model,
 # harness) is aborted, and so is one whose exit this table does not know: a status nobody
@@ -83,6 +87,11 @@ class RLConfig:
     concurrency: int = 2
     """Rollouts at once within a group's round."""
     seed: int = 0
+    kl_low: float = 1e-3
+    kl_high: float = 0.1
+    """A step whose final-epoch approx KL falls outside [kl_low, kl_high] gets a warning:
+    below, the update barely moved the policy; above, it moved it further than its rollouts
+    can vouch for."""
 
 
 def rollout_status(result: RolloutResult) -> str:
@@ -210,9 +219,12 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     steps. Only the very first step is on-policy; after
     it the ratio to the sampling policy leaves 1 and the clip starts to bind.
 
-    Returns the first epoch's stats at the top level (its first minibatch is the on-policy
-    check), ``epochs`` (each epoch's stats, token-weighted over its minibatches), ``tokens``
-    and ``optimizer_steps``."""
+    Returns the final epoch's stats at the top level: approx_kl, clip_fraction, ratio_mean,
+    ratio_std, entropy, grad_norm, loss. They say how far the step moved the policy from the
+    one that sampled, as measured before each of that epoch's optimizer steps (one epoch of
+    one minibatch is on-policy, so it shows no movement). Also ``first_epoch`` (its first
+    minibatch is the on-policy check), ``epochs`` (each epoch's stats, token-weighted over
+    its minibatches), ``tokens`` and ``optimizer_steps``."""
     trained = [(s, a) for s, a in samples if _trained_tokens([(s, a)])]
     if not trained:
         raise ValueError("no sample has a trained token with a log-prob: did the model server "
@@ -229,29 +241,56 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  for i in range(0, len(order), size)]
         steps += len(parts)
         tokens = sum(p["tokens"] for p in parts)
-        epochs.append({key: sum(p[key] * p["tokens"] for p in parts) / tokens
-                       for key in parts[0] if key != "tokens"})
+        epoch = {key: sum(p[key] * p["tokens"] for p in parts) / tokens
+                 for key in parts[0] if key != "tokens"}
+        epoch["ratio_std"] = max(0.0, epoch.pop("ratio_sq_mean") - epoch["ratio_mean"] ** 2
+                                 ) ** 0.5
+        epochs.append(epoch)
     model.eval()
-    return {**epochs[0], "epochs": epochs, "tokens": float(_trained_tokens(trained)),
-            "optimizer_steps": steps}
+    return {**epochs[-1], "first_epoch": epochs[0], "epochs": epochs,
+            "tokens": float(_trained_tokens(trained)), "optimizer_steps": steps}
+
+
+def step_warnings(stats: dict[str, Any], config: RLConfig) -> list[str]:
+    """What is wrong with an update whose stats ``policy_update`` returned, in words."""
+    kl = stats["approx_kl"]
+    if kl < config.kl_low:
+        return [f"final-epoch approx KL {kl:.1e} is below {config.kl_low:g}: the update "
+                f"barely moved the policy, so this step's rollouts taught it next to nothing; "
+                f"raise the learning rate (now {config.lr:g}) or ppo_epochs "
+                f"(now {config.ppo_epochs})"]
+    if kl > config.kl_high:
+        return [f"final-epoch approx KL {kl:.1e} is above {config.kl_high:g}: the update "
+                f"moved the policy far from the one that sampled its rollouts; lower the "
+                f"learning rate (now {config.lr:g}) or ppo_epochs (now {config.ppo_epochs})"]
+    return []
 
 
 def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
              client: SandboxClient, server: ServesWeights, out: Path, config: RLConfig, *,
-             harness: Harness,
-             on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+             harness: Harness, on_step: Callable[[dict[str, Any]], None] | None = None,
+             resume: bool = False) -> list[dict[str, Any]]:
     """``config.steps`` BAR RL steps on ``tasks``; ``server`` serves ``model`` and gets its new
     weights after each step (a ``PolicyServer``, or an external engine's ``FolderSync``). The
     rollouts are ``harness``'s, calling the server (e.g. the domain's policy harness:
     ``MiniSweAgentHarness(server.url, model, render_with=tokenizer_dir)`` for SWE tasks, the
     browser agent for web tasks). Returns one record per step (also appended to
-    out/rl.jsonl); the loop is ``loop.train_loop``."""
+    out/rl.jsonl); the loop is ``loop.train_loop``.
+
+    A record whose update looks inert or too large carries ``warnings`` (``step_warnings``),
+    also logged. After each step (and after ``on_step``, e.g. an evaluation) the model, the
+    optimizer and the prompt order are saved to out/checkpoint.pt; ``resume`` continues
+    from there to ``config.steps``, so a long run can be split across sessions."""
     if not tasks:
         raise ValueError("RL needs at least one task")
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
     pad_id = pad_id_of(model)
     optimizer = adamw(model, config.lr)
+    history = _restore(out, model, optimizer, rng, server) if resume else []
+    if not resume and (out / "rl.jsonl").exists():
+        raise ValueError(f"{out} already holds an RL run (rl.jsonl); resume it (resume=True, "
+                         f"--resume) or give a new folder")
 
     def sample(step: int) -> tuple[list[tuple[Sample, Advantage]], dict[str, Any]]:
         sampler = PolicySampler(client, harness, out / f"step-{step:03d}",
@@ -259,10 +298,58 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
         return sample_groups(tasks, sampler, rng, config)
 
     def update(pairs: list[tuple[Sample, Advantage]]) -> dict[str, Any]:
-        return policy_update(model, optimizer, pairs, config, pad_id)
+        stats = policy_update(model, optimizer, pairs, config, pad_id)
+        if warnings := step_warnings(stats, config):
+            stats["warnings"] = warnings
+            for warning in warnings:
+                log.warning("RL step: %s", warning)
+        return stats
 
-    return train_loop(model, server, config.steps, sample=sample, update=update,
-                      log=out / "rl.jsonl", on_step=on_step)
+    def after(record: dict[str, Any]) -> None:
+        if on_step is not None:
+            on_step(record)
+        _checkpoint(out, model, optimizer, rng, record["step"])
+
+    return history + train_loop(model, server, config.steps, sample=sample, update=update,
+                                log=out / "rl.jsonl", on_step=after, start=len(history))
+
+
+def _checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                rng: random.Random, step: int) -> None:
+    # Written aside and renamed: a run killed mid-save keeps the previous checkpoint.
+    part = out / "checkpoint.pt.part"
+    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "rng": rng.getstate()}, part)
+    part.replace(out / "checkpoint.pt")
+
+
+def _restore(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             rng: random.Random, server: ServesWeights) -> list[dict[str, Any]]:
+    """Load out/checkpoint.pt into the run's state; the records of the steps it holds."""
+    path = out / "checkpoint.pt"
+    if not path.exists():
+        if (out / "rl.jsonl").exists():
+            raise ValueError(f"{out} has an RL log but no checkpoint.pt to resume from; give "
+                             f"a new folder")
+        return []  # nothing ran yet: a fresh start
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    version, internal, gauss = state["rng"]
+    rng.setstate((version, tuple(internal), gauss))
+    done = state["step"] + 1
+    log_path = out / "rl.jsonl"
+    records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    history = [r for r in records if r["step"] < done]
+    # A step cut short after the checkpoint is run again from scratch: its log line and its
+    # rollouts go.
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
+    for stale in out.glob("step-*"):
+        if int(stale.name.removeprefix("step-")) >= done:
+            shutil.rmtree(stale)
+    server.update(model)
+    return history
 
 
 def sample_groups(tasks: Sequence[Task], sampler: Callable[[Task, int], list[Rollout]],
@@ -297,4 +384,4 @@ def sample_groups(tasks: Sequence[Task], sampler: Callable[[Task, int], list[Rol
 
 
 __all__ = ["Advantage", "PolicySampler", "RLConfig", "policy_update", "rollout_status",
-           "sample_groups", "train_rl", "training_pairs"]
+           "sample_groups", "step_warnings", "train_rl", "training_pairs"]

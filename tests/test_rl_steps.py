@@ -1,0 +1,130 @@
+"""How far an RL step moves the policy (the final epoch's statistics and the warnings on them),
+and a long RL run split in two: checkpoint after each step, resume from it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchard.domains.swe.family import settings_family
+from orchard.domains.swe.harness import TeacherHarness
+from orchard.domains.swe.minisweagent import config_from_specs
+from orchard.env.client import SandboxClient
+from orchard.recipes.bar import BARConfig
+from orchard.recipes.demo import COMPACT_CONFIG, step_line
+from orchard.recipes.loss import token_logprobs
+from orchard.recipes.models import tiny_llama
+from orchard.recipes.policy_server.server import PolicyServer
+from orchard.recipes.rl import RLConfig, policy_update, step_warnings, train_rl
+from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.rollout.traces.samples import Sample
+from tests.conftest import needs_root
+
+
+def _on_policy_samples(model: torch.nn.Module, n: int = 4, length: int = 24) -> list[Sample]:
+    """Random conversations whose second half is the policy's, with the log-probs the model
+    gives them now: the first ratio is exactly 1."""
+    gen = torch.Generator().manual_seed(1)
+    samples = []
+    for i in range(n):
+        ids = torch.randint(10, 200, (1, length), generator=gen)
+        with torch.no_grad():
+            lp, _ = token_logprobs(model, ids)
+        mask = [0] * (length // 2) + [1] * (length - length // 2)
+        samples.append(Sample(session=f"s{i}", input_ids=ids[0].tolist(), loss_mask=mask,
+                              logprobs=[None, *lp[0].tolist()]))
+    return samples
+
+
+@pytest.mark.parametrize(("lr", "verdict"), [(1e-7, "below"), (5e-4, None), (0.3, "above")])
+def test_the_final_epoch_says_how_far_a_step_moved(lr: float, verdict: str | None) -> None:
+    tokenizer = load_tokenizer(TEST_TOKENIZER)
+    model = tiny_llama(tokenizer, hidden_size=32, layers=1, max_positions=64, seed=0)
+    samples = _on_policy_samples(model)
+    config = RLConfig(lr=lr, ppo_epochs=4, minibatches=2, grad_clip=1e9)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    advantages = [1.0, -1.0, 1.0, -1.0]
+    stats = policy_update(model, optimizer, list(zip(samples, advantages, strict=True)), config,
+                          tokenizer.eos_token_id)
+    # The first minibatch of the first epoch is on-policy; the final epoch is not.
+    assert stats["first_epoch"] == stats["epochs"][0] and stats["epochs"][-1]["approx_kl"] == \
+        stats["approx_kl"]
+    assert stats["epochs"][0]["approx_kl"] <= stats["approx_kl"]
+    for key in ("clip_fraction", "ratio_mean", "ratio_std", "entropy", "grad_norm"):
+        assert key in stats and stats[key] >= 0
+    assert stats["ratio_std"] > 0
+    warnings = step_warnings(stats, config)
+    if verdict is None:
+        assert 1e-3 <= stats["approx_kl"] <= 0.1 and warnings == []
+    else:
+        assert len(warnings) == 1 and f"is {verdict}" in warnings[0]
+        assert f"{lr:g}" in warnings[0]  # it names the setting to change
+    line = step_line("rl", {"step": 0, "groups": 2, "resolved_rate": 0.5, "rollouts": 8,
+                            "mean_reward": 0.0, "seconds": 3.0, **stats,
+                            "warnings": warnings})
+    assert "final-epoch KL" in line and line.count("warning:") == len(warnings)
+
+
+@pytest.fixture(scope="module")
+def client(orchestrator: str) -> Iterator[SandboxClient]:
+    with SandboxClient(orchestrator) as c:
+        yield c
+
+
+def _adam_steps(optimizer_state: dict) -> set[float]:
+    return {float(s["step"]) for s in optimizer_state["state"].values()}
+
+
+@needs_root
+def test_a_long_run_resumes_from_its_last_checkpoint(client: SandboxClient,
+                                                     tmp_path: Path) -> None:
+    """Step 0 runs, then the run "dies" during step 1 (a log line and rollouts of it are left
+    behind). Resuming loads the checkpoint, drops what step 1 left and runs it again."""
+    tasks = settings_family(n_train=4, n_test=0, seed=5)
+    tokenizer = load_tokenizer(TEST_TOKENIZER)
+    config = RLConfig(steps=1, batch_prompts=1, oversample=4, lr=1e-3, ppo_epochs=1,
+                      minibatches=1, bar=BARConfig(n=2, n_max=4, stride=2, rho_min=0.5,
+                                                   rho_max=0.5))
+    # The scripted teacher samples (half of its rollouts solve); the tiny policy trains on
+    # them and the policy server takes its weights.
+    harness = TeacherHarness(tasks, solve=0.5, per_sample=True, seed=3,
+                             config=config_from_specs([COMPACT_CONFIG]))
+    out = tmp_path / "rl"
+
+    def run(steps: int, resume: bool) -> tuple[list[dict], torch.nn.Module]:
+        model = tiny_llama(tokenizer, hidden_size=32, layers=1, max_positions=4096, seed=0)
+        served = tiny_llama(tokenizer, hidden_size=32, layers=1, max_positions=4096, seed=0)
+        with harness, PolicyServer(served, tokenizer) as server:
+            history = train_rl(model, tasks, client, server, out,
+                               replace(config, steps=steps),
+                               harness=harness, resume=resume)
+        return history, model
+
+    first, model = run(1, resume=False)
+    assert [r["step"] for r in first] == [0] and first[0]["groups"] == 1
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert saved["step"] == 0 and _adam_steps(saved["optimizer"]) == {1.0}
+    assert all(torch.equal(saved["model"][k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="already holds an RL run"):
+        run(2, resume=False)
+
+    with (out / "rl.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 1, "groups": 0, "left": "by the dead run"}) + "\n")
+    (out / "step-001" / "round-0001").mkdir(parents=True)
+    (out / "step-001" / "round-0001" / "stale").write_text("from the dead run")
+
+    history, _ = run(2, resume=True)
+    assert [r["step"] for r in history] == [0, 1] and history[0] == first[0]
+    logged = [json.loads(line) for line in (out / "rl.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [0, 1] and "left" not in logged[1]
+    assert not (out / "step-001" / "round-0001" / "stale").exists()
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    # The optimizer went on from step 0's state: two Adam steps in all, not one.
+    assert saved["step"] == 1 and _adam_steps(saved["optimizer"]) == {2.0}
+    assert not list(out.glob("*.part"))
+    assert client.list_sandboxes() == []
