@@ -199,7 +199,7 @@ def report(args: Any, r: dict[str, Any]) -> None:
 
 def main() -> int:
     parser = base_parser(__doc__ or "")
-    parser.add_argument("--domain", choices=("swe", "bugfix"), default="bugfix")
+    parser.add_argument("--domain", choices=("swe", "bugfix", "bugfix-read"), default="bugfix")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--values", nargs="+", default=["montecarlo"],
                         choices=("montecarlo", "retrospective", "none"))

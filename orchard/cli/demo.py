@@ -57,7 +57,8 @@ def demo(
         show_default=False)] = None,
     domain: Annotated[str, typer.Option(
         help="swe (the generated settings family, mini-swe-agent), bugfix (the bug-fix "
-             "family, whose fixes must be read in the sandbox), web (the bundled web "
+             "family, whose fixes must be read in the sandbox), bugfix-read (its operator and "
+             "string bugs, which a failing test shows), web (the bundled web "
              "tasks, the browser agent) or assistant (the assistant tasks, the tool-calling "
              "assistant).")] = "swe",
     device: Annotated[str | None, typer.Option(

@@ -47,6 +47,7 @@ from orchard.recipes.rerank import (
     ValueModel,
     ValueModelConfig,
     known_fixes,
+    likelihood_rerank,
     rerank_run,
     training_examples,
 )
@@ -249,11 +250,13 @@ class Demo:
         return stage
 
     def rerank(self, tokenizer: Any, *, teacher: Path | None = None, rl: str = "rl",
-               stage: str = "sft_rl") -> dict[str, Any]:
+               stage: str = "sft_rl", policy: torch.nn.Module | None = None
+               ) -> dict[str, Any]:
         """Best-of-N over the held-out evaluation ``stage``, by a value model trained on the
         graded rollouts of training tasks only (the ``teacher`` run's and those under
-        ``rl``), against a random pick, a lookup of those runs' resolved fixes and an oracle
-        pick."""
+        ``rl``), and by the ``policy``'s own mean log-likelihood of each candidate's actions
+        (no training), against a random pick, a lookup of those runs' resolved fixes and an
+        oracle pick."""
         runs = [teacher or self.out / "teacher",
                 *sorted((self.out / rl).glob("step-*/round-*"))]
         value = ValueModel.tiny(tokenizer, replace(self.config.value, device=self.device))
@@ -262,10 +265,16 @@ class Demo:
         report = rerank_run(self.out / f"eval-{stage}", self.test, value, text_of=text_of,
                             fixes=known_fixes(runs))
         overall = report["overall"]
+        if policy is not None:
+            likely = likelihood_rerank(self.out / f"eval-{stage}", self.test, policy, tokenizer)
+            overall["likelihood"] = likely["overall"]["value"]
+            report["likelihood"] = likely
         self.results["rerank"] = {"train": fit, "runs": len(runs), **overall}
+        likelihood = (f"policy-likelihood pick {overall['likelihood']:.1%}, "
+                      if "likelihood" in overall else "")
         self.log(f"  best-of-{overall['n']} on held-out tasks: value pick "
-                 f"{overall['value']:.1%}, random pick {overall['random']:.1%}, lookup of "
-                 f"training fixes {overall['lookup']:.1%}, oracle "
+                 f"{overall['value']:.1%}, {likelihood}random pick {overall['random']:.1%}, "
+                 f"lookup of training fixes {overall['lookup']:.1%}, oracle "
                  f"{overall['oracle']:.1%} (value model: {fit['examples']} graded rollouts of "
                  f"training tasks, {fit['resolved']} resolved)")
         return report
@@ -315,12 +324,20 @@ class Demo:
         return log
 
     def rl(self, model: torch.nn.Module, server: PolicyServer, config: RLConfig | None = None,
-           name: str = "rl") -> list[dict[str, Any]]:
+           name: str = "rl", *, resume: bool = False,
+           on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """BAR RL from ``model`` as it is (``config``: the demo's unless given), into
-        ``out/name``."""
+        ``out/name``; ``on_step`` runs after each step is logged (an evaluation), ``resume``
+        continues a run from its last checkpoint."""
+
+        def step_done(record: dict[str, Any]) -> None:
+            self.log(step_line(name, record))
+            if on_step is not None:
+                on_step(record)
+
         log = train_rl(
             model, self.train, self.client, server, self.out / name, config or self.config.rl,
-            harness=self._policy_harness(server), on_step=lambda r: self.log(step_line(name, r)))
+            harness=self._policy_harness(server), on_step=step_done, resume=resume)
         self.results[name] = log
         return log
 
@@ -350,7 +367,7 @@ class Demo:
             self._timed("eval_sft", lambda: self.evaluate_policy(server, "sft"))
             rl_log = self._timed("rl", lambda: self.rl(model, server))
             self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"))
-        self._timed("rerank", lambda: self.rerank(tokenizer))
+        self._timed("rerank", lambda: self.rerank(tokenizer, policy=served))
         stages = self.results["stages"]
         self.results["margin"] = {
             "sft_rl_minus_base": stages["sft_rl"]["resolved_rate"]

@@ -186,9 +186,9 @@ def _neighbour_break(repo: _Repo, path: str) -> str:
     return _sed(f"{repo.pkg}/config.py", _esc(f"{k} = {n}"), f"{k} = {n + 1}")
 
 
-def _task(rng: random.Random, index: int, split: str) -> SweTask:
+def _task(rng: random.Random, index: int, split: str, kinds: Sequence[str]) -> SweTask:
     repo = _Repo(rng)
-    kind = KINDS[index % len(KINDS)]
+    kind = kinds[index % len(kinds)]
     bug = _bug(repo, kind, rng)
     wrong_line, right_line, decoy_line = bug["line"]
     number = rng.randrange(1000, 10000)
@@ -250,11 +250,14 @@ def solving_script(task: SweTask) -> tuple[str, ...]:
     return tuple(command for _, command in task.metadata["teacher"]["solve"])
 
 
-def bugfix_family(n_train: int = 128, n_test: int = 64, seed: int = 0) -> list[SweTask]:
-    """``n_train`` training and ``n_test`` held-out tasks, the kinds in turn; the same seed
+def bugfix_family(n_train: int = 128, n_test: int = 64, seed: int = 0,
+                  kinds: Sequence[str] = KINDS) -> list[SweTask]:
+    """``n_train`` training and ``n_test`` held-out tasks, ``kinds`` in turn; the same seed
     gives the same set. No two tasks share an issue text or a solving script."""
     if n_train < 0 or n_test < 0:
         raise ValueError("task counts must be >= 0")
+    if not kinds or set(kinds) - set(KINDS):
+        raise ValueError(f"kinds must be some of {', '.join(KINDS)}; got {list(kinds)}")
     tasks: list[SweTask] = []
     statements: set[str] = set()
     scripts: set[tuple[str, ...]] = set()
@@ -264,7 +267,7 @@ def bugfix_family(n_train: int = 128, n_test: int = 64, seed: int = 0) -> list[S
         for _ in range(50 * n + 50):
             if made == n:
                 break
-            task = _task(rng, made, split)
+            task = _task(rng, made, split, kinds)
             # A statement names its task (the teacher finds its script by it).
             if task.problem_statement in statements or solving_script(task) in scripts:
                 continue

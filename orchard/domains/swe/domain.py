@@ -82,6 +82,17 @@ def _bugfix_demo(agent_config: dict[str, Any]) -> Any:
     return SweFamily(agent_config, bugfix_family)
 
 
+def _bugfix_read_demo(agent_config: dict[str, Any]) -> Any:
+    """The bug-fix family's operator and string bugs: the two kinds whose right value a
+    failing visible test shows, so a run of the tests tells the policy the fix."""
+    from functools import partial
+
+    from orchard.domains.swe.bugfix_family import bugfix_family
+    from orchard.domains.swe.demo import SweFamily
+
+    return SweFamily(agent_config, partial(bugfix_family, kinds=("operator", "string")))
+
+
 def _workdir(task: SweTask) -> str:
     return task.workdir
 
@@ -99,5 +110,5 @@ SWE = Domain(
     validate=_validate,
     listing=Listing(("instance_id", "split", "kind", "F2P", "P2P", "image"), _row,
                     frozenset({"patch", "test_patch", "source"})),
-    demos={"swe": _settings_demo, "bugfix": _bugfix_demo},
+    demos={"swe": _settings_demo, "bugfix": _bugfix_demo, "bugfix-read": _bugfix_read_demo},
     episodes=Episodes(workdir=_workdir, submission=_submission))

@@ -1,0 +1,366 @@
+"""The learning curve of BAR RL after SFT: held-out success against RL step, over seeds, with
+paired standard errors.
+
+One teacher run, one set of values and one SFT checkpoint are shared by every seed, so seeds
+vary RL only. The untrained policy (base) and the SFT policy are evaluated once; each seed then
+runs ``--steps`` BAR steps from the SFT checkpoint and is evaluated on the held-out tasks every
+``--eval-every`` steps. Every evaluation gives each (task, sample) the same request seed
+(common random numbers), so a stage's difference to SFT is paired per rollout: the table gives
+it with its standard error over (seed, task) units, and says whether it is significant
+(|mean| > 2 SE).
+
+Each RL step is checkpointed (model, optimizer, prompt order), and the shared stages and the
+evaluations are recorded in ``OUT/curve.json`` as they finish: ``--resume`` carries on a run
+that was cut short, so a long curve can be split across sessions. The PNG (held-out success
+with its SE band beside the SFT line; each step's final-epoch approx KL against the target
+band) and the JSON go to bench/results/.
+
+    .venv/bin/python bench/learning_curve.py --domain swe --seeds 0 1 2 --steps 20 \\
+        --out runs/curve-swe --tag swe [--resume]
+    .venv/bin/python bench/learning_curve.py --domain bugfix --model smollm2 ... --tag smollm2
+    .venv/bin/python bench/learning_curve.py --sweep --rl lr=1e-5 --rl lr=3e-5 --steps 2 ...
+
+``--sweep`` runs each ``--rl`` setting (see bench/learning.py) for ``--steps`` steps from the
+SFT checkpoint without evaluations, and reports each step's final-epoch KL and clip fraction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from common import RESULTS_DIR, BenchServer, base_parser, finish, print_table  # noqa: E402
+from learning import Clock, rl_setting  # noqa: E402
+
+from orchard.domains import demo_domain  # noqa: E402
+from orchard.env.client import SandboxClient  # noqa: E402
+from orchard.eval.results import read_results  # noqa: E402
+from orchard.recipes.demo import Demo, DemoConfig, copy_model, pretrained  # noqa: E402
+from orchard.recipes.models import served_weights, with_lora  # noqa: E402
+from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
+
+KL_BAND = (1e-3, 3e-2)
+"""Where a step's final-epoch approx KL should land (the sweep's target)."""
+STEP_KEYS = ("step", "groups", "rollouts", "resolved_rate", "approx_kl", "clip_fraction",
+             "ratio_std", "entropy", "grad_norm", "seconds", "warnings")
+
+
+class Curve:
+    """The run's stages, each recorded in OUT/curve.json once done, so a resumed run skips it."""
+
+    def __init__(self, args: Any, client: SandboxClient) -> None:
+        self.args, self.client, self.clock = args, client, Clock()
+        self.path = args.out / "curve.json"
+        self.state: dict[str, Any] = (json.loads(self.path.read_text()) if self.path.exists()
+                                      else {"shared": {}, "seeds": {}, "sweep": {}})
+        config = DemoConfig(domain=args.domain, seed=args.data_seed, lora_rank=args.lora_rank)
+        if args.model:
+            config = pretrained(replace(config, model=args.model))
+        config = replace(config, n_train=args.n_train, n_test=args.n_test, eval_n=args.eval_n)
+        if args.sft_steps:
+            config.sft = replace(config.sft, max_steps=args.sft_steps)
+        self.config = config
+        self.log = print if not args.quiet else (lambda _: None)
+
+    def save(self) -> None:
+        self.path.write_text(json.dumps(self.state, indent=1))
+
+    def demo(self, folder: str, **changes: Any) -> Demo:
+        (self.args.out / folder).mkdir(parents=True, exist_ok=True)
+        return Demo(self.args.out / folder, replace(self.config, **changes), self.client,
+                    self.log, domain=demo_domain(self.config.domain))
+
+    def model(self, demo: Demo) -> tuple[torch.nn.Module, torch.nn.Module, Any]:
+        """(the model to train, the server's copy, the tokenizer), untrained."""
+        model, tokenizer = demo.load_model()
+        served = copy_model(model)
+        if self.config.lora_rank:
+            model = with_lora(model, self.config.lora_rank)
+        return model, served, tokenizer
+
+    def evaluate(self, demo: Demo, server: PolicyServer, name: str) -> dict[str, Any]:
+        """A held-out evaluation with each rollout's outcome; a partial one of a dead run is
+        stale (other weights), so it starts afresh."""
+        shutil.rmtree(demo.out / f"eval-{name}", ignore_errors=True)
+        with self.clock(f"{demo.out.name}/eval {name}"):
+            stage = demo.evaluate_policy(server, name)
+        stage["outcomes"] = {f"{r.instance_id}/{r.sample}": r.resolved
+                             for r in read_results(demo.out / f"eval-{name}")}
+        return stage
+
+    def shared(self) -> dict[str, torch.Tensor]:
+        """Teacher, values, SFT (its checkpoint), and the base and SFT evaluations."""
+        shared, checkpoint = self.state["shared"], self.args.out / "shared" / "sft.pt"
+        demo = self.demo("shared")
+        model, served, tokenizer = self.model(demo)
+        with PolicyServer(served, tokenizer, seed=self.config.seed) as server:
+            if "base" not in shared and not self.args.sweep:
+                shared["base"] = self.evaluate(demo, server, "base")
+                self.save()
+            if not checkpoint.exists():
+                with self.clock("teacher"):
+                    run = demo.teacher()
+                with self.clock("values"):
+                    examples = demo.sft_data(run, demo.values(run), tokenizer)
+                with self.clock("sft"):
+                    demo.sft(model, examples, server)
+                shared["sft_run"] = {k: demo.results[k] for k in ("teacher", "values",
+                                                                  "sft_data", "sft")}
+                torch.save(model.state_dict(), checkpoint)
+                self.save()
+            state = torch.load(checkpoint, weights_only=True)
+            if "sft" not in shared and not self.args.sweep:
+                model.load_state_dict(state)
+                server.update(model)
+                shared["sft"] = self.evaluate(demo, server, "sft")
+                self.save()
+        return state
+
+    def seed(self, seed: int, sft: dict[str, torch.Tensor]) -> None:
+        """``--steps`` RL steps of one seed from the SFT checkpoint, evaluated every
+        ``--eval-every`` steps."""
+        args = self.args
+        record = self.state["seeds"].setdefault(str(seed), {"evals": {}, "steps": []})
+        folder = f"seed-{seed}"
+        demo = self.demo(folder)
+        model, served, tokenizer = self.model(demo)
+        model.load_state_dict(sft)
+        served.load_state_dict(served_weights(model))
+        config = replace(rl_setting(args.rl[0], self.config.rl), steps=args.steps, seed=seed)
+
+        def after(step: dict[str, Any]) -> None:
+            record["steps"] = [r for r in record["steps"] if r["step"] < step["step"]]
+            record["steps"].append({k: step[k] for k in STEP_KEYS if k in step})
+            done = step["step"] + 1
+            if done % args.eval_every == 0 or done == args.steps:
+                record["evals"][str(done)] = self.evaluate(demo, server, f"step-{done:03d}")
+                self.log(f"  seed {seed} after step {done}: held-out resolved "
+                         f"{record['evals'][str(done)]['resolved_rate']:.1%}")
+            self.save()
+
+        with PolicyServer(served, tokenizer, seed=seed) as server, self.clock(f"rl seed {seed}"):
+            demo.rl(model, server, config, name="rl", resume=args.resume, on_step=after)
+
+    def sweep(self, sft: dict[str, torch.Tensor]) -> None:
+        """Each --rl setting for --steps steps from the SFT checkpoint, without evaluations."""
+        for spec in self.args.rl:
+            if spec in self.state["sweep"]:
+                continue
+            demo = self.demo(f"sweep-{spec or 'demo'}")
+            model, served, tokenizer = self.model(demo)
+            model.load_state_dict(sft)
+            served.load_state_dict(served_weights(model))
+            config = replace(rl_setting(spec, self.config.rl), steps=self.args.steps)
+            with PolicyServer(served, tokenizer, seed=0) as server:
+                steps = demo.rl(model, server, config, name="rl", resume=self.args.resume)
+            self.state["sweep"][spec] = [{k: r[k] for k in STEP_KEYS if k in r} for r in steps]
+            self.save()
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def per_task(outcomes: dict[str, bool]) -> dict[str, float]:
+    """Each task's resolved share over its samples."""
+    by_task: dict[str, list[bool]] = {}
+    for key, resolved in outcomes.items():
+        by_task.setdefault(key.rsplit("/", 1)[0], []).append(resolved)
+    return {task: sum(v) / len(v) for task, v in by_task.items()}
+
+
+def paired(stage: list[dict[str, bool]], reference: dict[str, bool]) -> dict[str, float]:
+    """Mean of (stage - reference) over (seed, task) units, each a task's share over its
+    samples, rollout by rollout on the same request seeds; its SE over those units."""
+    ref = per_task(reference)
+    diffs = [share - ref[task] for outcomes in stage
+             for task, share in per_task(outcomes).items() if task in ref]
+    mean = statistics.fmean(diffs) if diffs else float("nan")
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return {"mean": mean, "se": se, "units": len(diffs),
+            "significant": bool(se > 0 and abs(mean) > 2 * se)}
+
+
+def summarize(state: dict[str, Any]) -> dict[str, Any]:
+    """Per evaluated step: each seed's rate, their mean and SE, and the paired gain over SFT;
+    per RL step: the update statistics, averaged over seeds."""
+    shared, seeds = state["shared"], state["seeds"]
+    sft = shared.get("sft")
+    points: dict[str, Any] = {}
+    for step in sorted({int(k) for s in seeds.values() for k in s["evals"]}):
+        evals = [s["evals"][str(step)] for s in seeds.values() if str(step) in s["evals"]]
+        rates = [e["resolved_rate"] for e in evals]
+        points[str(step)] = {
+            "rates": rates, "mean": statistics.fmean(rates),
+            "se_seeds": statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1
+            else float("nan"),
+            "minus_sft": paired([e["outcomes"] for e in evals], sft["outcomes"]) if sft
+            else None}
+    steps: dict[str, Any] = {}
+    for record in (r for s in seeds.values() for r in s["steps"]):
+        steps.setdefault(str(record["step"]), []).append(record)
+    step_means = {step: {k: statistics.fmean(r[k] for r in rs if k in r)
+                         for k in STEP_KEYS[2:-2] if any(k in r for r in rs)}
+                  | {"warnings": sum(len(r.get("warnings", ())) for r in rs), "seeds": len(rs)}
+                  for step, rs in steps.items()}
+    out: dict[str, Any] = {"points": points, "steps": step_means}
+    for name in ("base", "sft", "format"):
+        if name in shared:
+            out[name] = {"resolved_rate": shared[name]["resolved_rate"],
+                         "rollouts": shared[name]["rollouts"]}
+    if "base" in shared and sft:
+        out["sft_minus_base"] = paired([sft["outcomes"]], shared["base"]["outcomes"])
+    return out
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def pct(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}"
+
+
+def report(args: Any, results: dict[str, Any]) -> None:
+    summary = results["summary"]
+    if args.sweep:
+        rows = [[spec or "demo", r["step"], f"{r.get('approx_kl', float('nan')):.1e}",
+                 pct(r.get("clip_fraction", float("nan"))), f"{r.get('ratio_std', 0):.3f}",
+                 f"{r.get('entropy', 0):.2f}", pct(r["resolved_rate"]), r["groups"]]
+                for spec, steps in results["sweep"].items() for r in steps]
+        print_table(f"RL settings for --steps {args.steps} steps from SFT (target: KL "
+                    f"{KL_BAND[0]:g}..{KL_BAND[1]:g}, clip 1-10%)",
+                    ["setting", "step", "final KL", "clip %", "ratio std", "entropy",
+                     "sampled resolved %", "groups"], rows)
+        return
+    rows = []
+    for name in ("base", "format", "sft"):
+        if name in summary:
+            rows.append([name, "", pct(summary[name]["resolved_rate"]), "", ""])
+    for step, p in summary["points"].items():
+        d = p["minus_sft"]
+        rows.append([f"RL step {step}", " ".join(pct(r) for r in p["rates"]), pct(p["mean"]),
+                     f"{pct(d['mean'])} ± {pct(d['se'])}" if d else "",
+                     ("yes" if d["significant"] else "no") if d else ""])
+    print_table(f"held-out {args.domain} tasks, resolved % ({args.n_test} tasks x "
+                f"{args.eval_n} samples, same request seeds at every stage; RL seeds "
+                f"{' '.join(map(str, args.seeds))})",
+                ["stage", "each seed", "mean", "minus SFT (paired, ± SE)", "|d| > 2 SE"], rows)
+    print_table("RL steps (final epoch, mean over seeds)",
+                ["step", "final KL", "clip %", "ratio std", "entropy", "grad norm",
+                 "sampled resolved %", "warnings"],
+                [[s, f"{m.get('approx_kl', float('nan')):.1e}",
+                  pct(m.get("clip_fraction", float("nan"))), f"{m.get('ratio_std', 0):.3f}",
+                  f"{m.get('entropy', 0):.2f}", f"{m.get('grad_norm', 0):.2f}",
+                  pct(m["resolved_rate"]), m["warnings"]]
+                 for s, m in sorted(summary["steps"].items(), key=lambda kv: int(kv[0]))])
+
+
+def draw(args: Any, state: dict[str, Any], summary: dict[str, Any], path: Path) -> None:
+    """Held-out success against RL step (mean over seeds, paired SE band, each seed thin)
+    beside the base/format/SFT lines; each step's final-epoch KL against the target band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
+    sft = summary.get("sft", {}).get("resolved_rate")
+    for name, style in (("base", ":"), ("format", "-."), ("sft", "--")):
+        if name in summary:
+            a.axhline(summary[name]["resolved_rate"], ls=style, color="gray", label=name)
+    points = summary["points"]
+    if points and sft is not None:
+        steps = [0, *map(int, points)]
+        mean = [sft, *(sft + p["minus_sft"]["mean"] for p in points.values())]
+        se = [0.0, *(p["minus_sft"]["se"] for p in points.values())]
+        a.plot(steps, mean, marker="o", color="#4c72b0", label="SFT + BAR RL (mean of seeds)")
+        a.fill_between(steps, [m - s for m, s in zip(mean, se, strict=True)],
+                       [m + s for m, s in zip(mean, se, strict=True)], color="#4c72b0",
+                       alpha=0.2, label="± 1 paired SE")
+        for record in state["seeds"].values():
+            evals = sorted((int(k), v["resolved_rate"]) for k, v in record["evals"].items())
+            a.plot([0, *(k for k, _ in evals)], [sft, *(v for _, v in evals)], lw=0.7,
+                   alpha=0.5, color="#4c72b0")
+    a.set(title=f"held-out success ({args.n_test} tasks x {args.eval_n})", xlabel="RL step",
+          ylabel="resolved rate", ylim=(0, 1))
+    a.legend(fontsize=8)
+    b.axhspan(*KL_BAND, color="green", alpha=0.1, label="target")
+    for seed, record in state["seeds"].items():
+        kl = [(r["step"] + 1, r["approx_kl"]) for r in record["steps"] if "approx_kl" in r]
+        b.plot([s for s, _ in kl], [max(v, 1e-8) for _, v in kl], marker=".",
+               label=f"seed {seed}")
+    b.set(title="final-epoch approx KL per step", xlabel="RL step", yscale="log")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = base_parser(__doc__ or "")
+    parser.add_argument("--domain", choices=("swe", "bugfix", "bugfix-read"), default="swe")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--rl", action="append", help="an RL setting (bench/learning.py's "
+                        "form); one for a curve, several for --sweep")
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--n-train", type=int, default=128)
+    parser.add_argument("--n-test", type=int, default=48)
+    parser.add_argument("--eval-n", type=int, default=2)
+    parser.add_argument("--data-seed", type=int, default=0,
+                        help="tasks, teacher and SFT: the part every RL seed shares")
+    parser.add_argument("--sft-steps", type=int, default=0, help="0: the demo's")
+    parser.add_argument("--model", help="a causal-LM folder, or smollm2 (default: the tiny "
+                        "random-init Llama)")
+    parser.add_argument("--lora-rank", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("runs/curve"))
+    parser.add_argument("--resume", action="store_true",
+                        help="carry on the run in --out where it stopped")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+    args.rl = args.rl or [""]
+    if len(args.rl) > 1 and not args.sweep:
+        raise SystemExit("a curve runs one --rl setting; give several only with --sweep")
+    for spec in args.rl:
+        rl_setting(spec, DemoConfig().rl)  # a typo fails now, not after an hour of training
+    if args.quick:
+        args.seeds, args.steps, args.eval_every = args.seeds[:2], 2, 1
+        args.n_train, args.n_test, args.eval_n = 16, 4, 1
+        args.sft_steps = args.sft_steps or 20
+    if args.model == "smollm2":
+        from orchard.recipes.models import smollm2_dir
+
+        args.model = str(smollm2_dir())
+    if args.out.exists() and any(args.out.iterdir()) and not args.resume:
+        raise SystemExit(f"{args.out} holds a run: --resume it or give a new --out")
+    args.out.mkdir(parents=True, exist_ok=True)
+    server = BenchServer()
+    with server, SandboxClient(server.url, timeout=600) as client:
+        torch.set_num_threads(1)
+        curve = Curve(args, client)
+        sft = curve.shared()
+        if args.sweep:
+            curve.sweep(sft)
+        else:
+            for seed in args.seeds:
+                curve.seed(seed, sft)
+    results = {**curve.state, "summary": summarize(curve.state),
+               "seconds": curve.clock.seconds}
+    name = "learning_curve"
+    png = RESULTS_DIR / (f"{name}-{args.tag}.png" if args.tag else f"{name}.png")
+    if not args.sweep:
+        draw(args, curve.state, results["summary"], png)
+    return finish(name, args, results, server, report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
