@@ -65,16 +65,22 @@ def looks(task: SweTask) -> list[tuple[str, str]]:
     return found
 
 
+def opening_messages(task: SweTask, config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The system and user turns a mini-swe-agent rollout of ``task`` opens with under
+    ``config``, for templates that use no variable but ``task`` (the compact config's)."""
+    agent = config.get("agent", {})
+    return [{"role": "system", "content": _render(agent["system_template"],
+                                                  task=task.problem_statement)},
+            {"role": "user", "content": _render(agent["instance_template"],
+                                                task=task.problem_statement)}]
+
+
 def format_control_conversation(task: SweTask, config: Mapping[str, Any],
                                 rng: random.Random) -> list[dict[str, Any]]:
     """One conversation (OpenAI-shaped messages): the rollout's opening turns, one or two
     look-around calls with their observations, then the submission."""
-    agent, model = config.get("agent", {}), config.get("model", {})
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": _render(agent["system_template"],
-                                              task=task.problem_statement)},
-        {"role": "user", "content": _render(agent["instance_template"],
-                                            task=task.problem_statement)}]
+    model = config.get("model", {})
+    messages = opening_messages(task, config)
     chosen = rng.sample(looks(task), rng.choice((1, 2)))
     for i, (command, output) in enumerate([*chosen, (SUBMIT_COMMAND, None)]):
         call_id = f"call_{i}"
