@@ -147,6 +147,10 @@ def eval_(
              "rollout's rubric; the reward becomes base + 0.5 J.", show_default=False)] = None,
     judge_model: Annotated[str, typer.Option(help="The model the judge URL serves.")
                            ] = "judge",
+    sampling_seed: Annotated[int | None, typer.Option(
+        help="Common random numbers: each (task, sample) sends the same request seeds in every "
+             "run given this value, so two runs (two checkpoints) compare pairwise.",
+        show_default=False)] = None,
     max_attempts: Annotated[int, typer.Option(
         min=1, max=10, help="Attempts per rollout on environment failures.")] = 3,
     cpu: Annotated[str, typer.Option(help="Sandbox CPU (doubled on each retry).")] = "1",
@@ -177,7 +181,7 @@ def eval_(
                 "teacher_solve": teacher_solve if "teacher" in harness else None}
     run_config = RunConfig(out=out, n=n, concurrency=concurrency, max_attempts=max_attempts,
                            cpu=cpu, memory=memory, heartbeat_interval=heartbeat_interval,
-                           settings=settings)
+                           sampling_seed=sampling_seed, settings=settings)
     progress = RunProgress(concurrency)
     with contextlib.ExitStack() as stack:
         url, api_key = open_orchestrator(stack, ctx, orchestrator)

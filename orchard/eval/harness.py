@@ -107,6 +107,10 @@ class RolloutContext:
     env_seconds: float = 0.0
     """Time spent setting up, reading and tearing down sandboxes; harness-side execs add to
     it through :meth:`timed`."""
+    seed: int | None = None
+    """The rollout's sampling seed (``orchard.rollout.seeds.rollout_seed``; the same for a
+    (task, sample) at every stage of a run), for the harness to derive each model call's seed
+    from with ``call_seed``; None: the run sets no seeds."""
     setup: Any = field(default=None, repr=False)
     """What ``task.set_up`` returned for the rollout's sandbox (a SWE task's workspace)."""
 

@@ -46,6 +46,7 @@ from orchard.eval.results import (
     summarize,
     write_outputs,
 )
+from orchard.rollout.seeds import rollout_seed
 from orchard.tasks.protocol import Submission, Task, TaskSetupError
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,10 @@ class RunConfig(BaseModel):
                                       "sandbox's heartbeats; keep it well under the "
                                       "orchestrator's heartbeat_timeout (180 s by default).")
     grade: bool = True
+    sampling_seed: int | None = Field(None, description="Common random numbers: each (task, "
+                                      "sample) sends the same request seeds in every run with "
+                                      "this value, so stages compare pairwise; None: the "
+                                      "model server draws its own.")
     run_id: str | None = None
     settings: dict[str, Any] = Field(default_factory=dict, description="What identifies the "
                                      "run (task set, harness, model): a resume must match it.")
@@ -121,7 +126,8 @@ class Runner:
         (self.out / "traces").mkdir(exist_ok=True)
         meta = self.out / "run.json"
         ids = [t.instance_id for t in self.tasks]
-        wanted = {"settings": self.config.settings, "n": self.config.n, "tasks": ids}
+        wanted = {"settings": self.config.settings, "n": self.config.n, "tasks": ids,
+                  "sampling_seed": self.config.sampling_seed}
         if meta.exists():
             saved = json.loads(meta.read_text(encoding="utf-8"))
             for key, value in wanted.items():
@@ -206,7 +212,9 @@ class Runner:
                 sandbox_timeout=task.budget.wall_time + self.config.sandbox_grace,
                 model_url=(f"{self.proxy_url.rstrip('/')}/s/{rollout_id}/v1"
                            if self.proxy_url else None),
-                trajectory_dir=self.out / "traces")
+                trajectory_dir=self.out / "traces",
+                seed=(None if self.config.sampling_seed is None else
+                      rollout_seed(self.config.sampling_seed, task.instance_id, k)))
             result.rollout_id, result.attempts = rollout_id, attempt
             h0 = time.monotonic()
             try:

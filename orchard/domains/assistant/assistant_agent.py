@@ -49,9 +49,11 @@ def call_tool(sandbox: Sandbox, port: int, name: str, args: dict[str, Any]
 def run_assistant(sandbox: Sandbox, goal: str, model_url: str, model: str, *, port: int,
                   tools: list[str] | None = None, max_steps: int = 20,
                   http: httpx.Client | None = None,
-                  history: list[dict[str, Any]] | None = None) -> ToolLoopResult:
+                  history: list[dict[str, Any]] | None = None,
+                  seed: int | None = None) -> ToolLoopResult:
     """Run the loop on ``goal`` with the server's tools (those named in ``tools``, if given);
-    ``history`` carries on a recorded conversation instead."""
+    ``history`` carries on a recorded conversation instead; ``seed``: the rollout's sampling
+    seed (see ``run_tool_loop``)."""
     listing = [t for t in list_tools(sandbox, port) if tools is None or t["name"] in tools]
     specs = [{"type": "function", "function": {
         "name": t["name"], "description": t["description"], "parameters": t["inputSchema"]}}
@@ -70,4 +72,4 @@ def run_assistant(sandbox: Sandbox, goal: str, model_url: str, model: str, *, po
         return [tool_reply(call, json.dumps(result))]
 
     return run_tool_loop(model_url, model, messages, specs, act, max_steps=max_steps,
-                         http=http)
+                         http=http, seed=seed)

@@ -55,7 +55,7 @@ class AssistantHarness:
         with ctx.sandbox() as sandbox:  # the task's services started in it
             result = run_assistant(sandbox, task.goal, ctx.model_url, self.model,
                                    port=SERVICES_PORT, tools=task.tools,
-                                   max_steps=task.budget.steps)
+                                   max_steps=task.budget.steps, seed=ctx.seed)
             with ctx.timed():
                 grade = grade_assistant(sandbox, task, result.answer)
         detail: dict[str, Any] = {"answer": result.answer}

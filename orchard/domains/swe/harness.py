@@ -93,7 +93,7 @@ class MiniSweAgentHarness:
                 model_name=self.model, session=ctx.rollout_id, sandbox_id=sandbox.id,
                 cwd=task.workdir, step_limit=budget.steps, token_limit=budget.tokens,
                 wall_time_limit=budget.wall_time, token_ids=self.token_ids,
-                trajectory_path=trajectory, config_overrides=self.config)
+                trajectory_path=trajectory, config_overrides=self.config, seed=ctx.seed)
             ctx.env_seconds += result["exec_seconds"]
             submitted = result["exit_status"] == "Submitted"
             return HarnessResult(

@@ -58,6 +58,7 @@ from orchard.env.client import (  # noqa: E402
 )
 from orchard.env.schema import SESSION_PATTERN  # noqa: E402
 from orchard.rollout.proxy.app import SESSION_HEADER  # noqa: E402
+from orchard.rollout.seeds import call_seed  # noqa: E402
 from orchard.tasks.protocol import SUBMIT_MARKER  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -327,11 +328,21 @@ class OrchardEnvironment:
 
 
 class _LitellmModel(LitellmModel):
-    """LitellmModel with an API key kept out of its config, so trajectories never hold it."""
+    """LitellmModel with an API key kept out of its config, so trajectories never hold it, and
+    with per-call seeds: given a rollout's ``seed``, call i sends ``call_seed(seed, i)``."""
 
-    def __init__(self, *, api_key: str, **kwargs: Any) -> None:
+    def __init__(self, *, api_key: str, seed: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._api_key = api_key
+        self._seed = seed
+        self.n_queries = 0
+
+    def query(self, messages: list[dict[str, str]], **kwargs: Any) -> dict:
+        # Counted here, not in _query: a retried request keeps its turn's seed.
+        if self._seed is not None:
+            kwargs = {"seed": call_seed(self._seed, self.n_queries), **kwargs}
+        self.n_queries += 1
+        return super().query(messages, **kwargs)
 
     def _query(self, messages: list[dict[str, str]], **kwargs: Any) -> Any:
         return super()._query(messages, api_key=self._api_key, **kwargs)
@@ -419,6 +430,7 @@ def run_task(
     trajectory_path: Path | None = None,
     config_overrides: Mapping[str, Any] | None = None,
     history: Sequence[dict[str, Any]] = (),
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """Run mini-swe-agent's DefaultAgent on ``task`` in a sandbox; returns its result.
 
@@ -435,7 +447,9 @@ def run_task(
     ``config_overrides`` is merged over the config (keys ``agent``, ``model``,
     ``environment``), as mini-swe-agent's ``-c key=value`` does. ``history`` (OpenAI-shaped
     messages, system first) continues a recorded conversation instead of starting one: the
-    agent's first model call sees exactly those messages.
+    agent's first model call sees exactly those messages. ``seed`` (a rollout's, see
+    ``orchard.rollout.seeds``): the i-th model call sends the request seed
+    ``call_seed(seed, i)``, so the same rollout seed draws the same turns; None sends none.
 
     The result: ``exit_status`` ("Submitted", "LimitsExceeded", ...), ``submission``,
     ``n_steps`` (model calls), ``n_tokens``, ``exec_seconds``, ``messages``, ``sandbox_id``,
@@ -466,7 +480,7 @@ def run_task(
                   if k != "environment_class"}
     # litellm's OpenAI client refuses to run without a key; local servers ignore it.
     key = model_api_key or os.environ.get("OPENAI_API_KEY") or "unused"
-    model = _LitellmModel(api_key=key, **model_config)
+    model = _LitellmModel(api_key=key, seed=seed, **model_config)
 
     with OrchardEnvironment(api_key=orchestrator_api_key, **env_config) as env:
         for path, content in (files or {}).items():

@@ -59,8 +59,10 @@ def _screenshot(page: BrowserObservation) -> dict[str, Any]:
 def run_browser_agent(sandbox: Sandbox, goal: str, start_url: str, model_url: str,
                       model: str, *, max_steps: int = 20, screenshots: bool = False,
                       action_timeout: float = 15.0, http: httpx.Client | None = None,
-                      history: list[dict[str, Any]] | None = None) -> ToolLoopResult:
+                      history: list[dict[str, Any]] | None = None,
+                      seed: int | None = None) -> ToolLoopResult:
     """Run the loop (see the module doc); ``model_url`` is an OpenAI base URL ending in /v1.
+    ``seed``: the rollout's sampling seed (see ``run_tool_loop``).
 
     ``history``: carry on a recorded conversation instead of starting at ``start_url``, in a
     sandbox whose browser is where that conversation left it (``orchard.rollout.traces.branch``)."""
@@ -84,4 +86,4 @@ def run_browser_agent(sandbox: Sandbox, goal: str, start_url: str, model_url: st
         return [tool_reply(call, render(page)), *([_screenshot(page)] if screenshots else [])]
 
     return run_tool_loop(model_url, model, messages, TOOLS, act, max_steps=max_steps,
-                         http=http)
+                         http=http, seed=seed)

@@ -44,7 +44,7 @@ class BrowserAgentHarness:
             result = run_browser_agent(
                 sandbox, task.goal, task.start_url, ctx.model_url, self.model,
                 max_steps=task.budget.steps, screenshots=self.screenshots,
-                action_timeout=task.budget.action_timeout)
+                action_timeout=task.budget.action_timeout, seed=ctx.seed)
             with ctx.timed():
                 grade = grade_web(sandbox, task, result.answer)
         return HarnessResult(exit_status=result.exit_status, n_steps=result.n_steps,

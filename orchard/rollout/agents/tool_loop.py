@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from orchard.rollout.seeds import call_seed
+
 FINISH_TOOL = {"type": "function", "function": {
     "name": "finish", "description": "End the task.",
     "parameters": {"type": "object", "properties": {
@@ -48,19 +50,22 @@ def tool_reply(call: dict[str, Any], content: str) -> dict[str, Any]:
 
 def run_tool_loop(model_url: str, model: str, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]], act: Act, *, max_steps: int = 20,
-                  http: httpx.Client | None = None) -> ToolLoopResult:
+                  http: httpx.Client | None = None, seed: int | None = None) -> ToolLoopResult:
     """Run the loop (see the module doc) on ``messages``, which it extends in place.
 
     ``tools`` are OpenAI tool specs; ``finish`` is added. ``act(call, name, args)`` does one
     call and returns the messages that answer it (a ``tool_reply`` first); it raises
-    ToolRefused for a call the model should fix."""
+    ToolRefused for a call the model should fix. ``seed`` (a rollout's, see
+    ``orchard.rollout.seeds``): call i sends the request seed ``call_seed(seed, i)``."""
     names = {t["function"]["name"] for t in tools}
     client = http or httpx.Client(timeout=300)
     result = ToolLoopResult(exit_status="LimitsExceeded", messages=messages)
     try:
         while result.n_steps < max_steps:
-            reply = client.post(f"{model_url.rstrip('/')}/chat/completions", json={
-                "model": model, "messages": messages, "tools": [*tools, FINISH_TOOL]})
+            request = {"model": model, "messages": messages, "tools": [*tools, FINISH_TOOL]}
+            if seed is not None:
+                request["seed"] = call_seed(seed, result.n_steps)
+            reply = client.post(f"{model_url.rstrip('/')}/chat/completions", json=request)
             if reply.status_code == 400 and CONTEXT_FULL in reply.text:
                 return result  # the conversation outgrew the model: a limit, like the steps
             reply.raise_for_status()
