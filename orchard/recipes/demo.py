@@ -91,6 +91,10 @@ class DemoConfig:
     web tasks always replay."""
     eps: float = 0.05
     eval_n: int = 4
+    eval_seed: int = 0
+    """Common random numbers: every held-out evaluation gives sample k of a task the same
+    request seeds (``RunConfig.sampling_seed``), so stages differ only by their weights and
+    their differences pair up rollout by rollout."""
     model: str | None = None
     """A causal-LM folder; None: a tiny random-init Llama with the test tokenizer."""
     tiny_hidden: int = 128
@@ -242,7 +246,8 @@ class Demo:
         started = time.monotonic()
         summary = evaluate(self.test, harness, run, self.client,
                            config=RunConfig(out=run, n=self.config.eval_n,
-                                            concurrency=self.config.concurrency))
+                                            concurrency=self.config.concurrency,
+                                            sampling_seed=self.config.eval_seed))
         stage = _stage_summary(summary, time.monotonic() - started)
         self.results["stages"][name] = stage
         self.log(f"  {name}: resolved {stage['resolved_rate']:.1%} of "

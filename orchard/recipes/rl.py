@@ -50,6 +50,7 @@ from orchard.recipes.bar import (
 from orchard.recipes.loop import adamw, optimizer_step, train_loop, trainable
 from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.policy_server.weight_sync import ServesWeights
+from orchard.rollout.seeds import stable_seed
 from orchard.rollout.traces.samples import Sample, build_samples
 from orchard.tasks.protocol import Task
 
@@ -102,11 +103,14 @@ def rollout_status(result: RolloutResult) -> str:
 
 class PolicySampler:
     """``sampler(task, k)``: k new rollouts of ``task`` by the policy behind ``harness``, each
-    graded; a rollout's payload is (its RolloutResult, its training samples)."""
+    graded; a rollout's payload is (its RolloutResult, its training samples). With ``seed``,
+    each round's requests are seeded from it and the round's number, so a run samples the
+    same rollouts again (a resumed step too), and no two rounds share seeds."""
 
     def __init__(self, client: SandboxClient, harness: Harness, out: Path, *,
-                 concurrency: int = 2) -> None:
+                 concurrency: int = 2, seed: int | None = None) -> None:
         self.client, self.harness, self.out, self.concurrency = client, harness, out, concurrency
+        self.seed = seed
         self.rounds = 0
 
     def __call__(self, task: Task, k: int) -> list[Rollout]:
@@ -115,7 +119,8 @@ class PolicySampler:
         results: list[RolloutResult] = []
         evaluate([task], self.harness, out, self.client,
                  config=RunConfig(out=out, n=k, concurrency=self.concurrency,
-                                  max_attempts=2),
+                                  max_attempts=2, sampling_seed=None if self.seed is None
+                                  else stable_seed(self.seed, self.rounds)),
                  on_result=results.append)
         # The reward is the grade's: with a rubric judge, base + 0.5 J; BAR balances the
         # groups on whether the task was solved.
@@ -294,7 +299,8 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
 
     def sample(step: int) -> tuple[list[tuple[Sample, Advantage]], dict[str, Any]]:
         sampler = PolicySampler(client, harness, out / f"step-{step:03d}",
-                                concurrency=config.concurrency)
+                                concurrency=config.concurrency,
+                                seed=stable_seed("rl", config.seed, step))
         return sample_groups(tasks, sampler, rng, config)
 
     def update(pairs: list[tuple[Sample, Advantage]]) -> dict[str, Any]:
