@@ -43,7 +43,7 @@ from learning import Clock, rl_setting  # noqa: E402
 
 from orchard.domains import demo_domain  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
-from orchard.eval.results import read_results  # noqa: E402
+from orchard.eval.paired import paired_difference, rollout_outcomes  # noqa: E402
 from orchard.recipes.demo import Demo, DemoConfig, copy_model, pretrained  # noqa: E402
 from orchard.recipes.models import served_weights, with_lora  # noqa: E402
 from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
@@ -93,8 +93,7 @@ class Curve:
         shutil.rmtree(demo.out / f"eval-{name}", ignore_errors=True)
         with self.clock(f"{demo.out.name}/eval {name}"):
             stage = demo.evaluate_policy(server, name)
-        stage["outcomes"] = {f"{r.instance_id}/{r.sample}": r.resolved
-                             for r in read_results(demo.out / f"eval-{name}")}
+        stage["outcomes"] = rollout_outcomes(demo.out / f"eval-{name}")
         return stage
 
     def shared(self) -> dict[str, torch.Tensor]:
@@ -169,26 +168,6 @@ class Curve:
 # --- statistics ------------------------------------------------------------------------------
 
 
-def per_task(outcomes: dict[str, bool]) -> dict[str, float]:
-    """Each task's resolved share over its samples."""
-    by_task: dict[str, list[bool]] = {}
-    for key, resolved in outcomes.items():
-        by_task.setdefault(key.rsplit("/", 1)[0], []).append(resolved)
-    return {task: sum(v) / len(v) for task, v in by_task.items()}
-
-
-def paired(stage: list[dict[str, bool]], reference: dict[str, bool]) -> dict[str, float]:
-    """Mean of (stage - reference) over (seed, task) units, each a task's share over its
-    samples, rollout by rollout on the same request seeds; its SE over those units."""
-    ref = per_task(reference)
-    diffs = [share - ref[task] for outcomes in stage
-             for task, share in per_task(outcomes).items() if task in ref]
-    mean = statistics.fmean(diffs) if diffs else float("nan")
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {"mean": mean, "se": se, "units": len(diffs),
-            "significant": bool(se > 0 and abs(mean) > 2 * se)}
-
-
 def summarize(state: dict[str, Any]) -> dict[str, Any]:
     """Per evaluated step: each seed's rate, their mean and SE, and the paired gain over SFT;
     per RL step: the update statistics, averaged over seeds."""
@@ -202,8 +181,8 @@ def summarize(state: dict[str, Any]) -> dict[str, Any]:
             "rates": rates, "mean": statistics.fmean(rates),
             "se_seeds": statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1
             else float("nan"),
-            "minus_sft": paired([e["outcomes"] for e in evals], sft["outcomes"]) if sft
-            else None}
+            "minus_sft": paired_difference([e["outcomes"] for e in evals],
+                                           sft["outcomes"]).as_dict() if sft else None}
     steps: dict[str, Any] = {}
     for record in (r for s in seeds.values() for r in s["steps"]):
         steps.setdefault(str(record["step"]), []).append(record)
@@ -217,7 +196,8 @@ def summarize(state: dict[str, Any]) -> dict[str, Any]:
             out[name] = {"resolved_rate": shared[name]["resolved_rate"],
                          "rollouts": shared[name]["rollouts"]}
     if "base" in shared and sft:
-        out["sft_minus_base"] = paired([sft["outcomes"]], shared["base"]["outcomes"])
+        out["sft_minus_base"] = paired_difference([sft["outcomes"]],
+                                                  shared["base"]["outcomes"]).as_dict()
     return out
 
 

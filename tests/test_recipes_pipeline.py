@@ -3,6 +3,7 @@ dataset they select, token-exact RL samples from the served policy, and the demo
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Literal
 
 import pytest
 import torch
+from rich.console import Console
 
 from orchard.domains import run_demo
 from orchard.domains.swe.demo import AgentContinuation, hedged_teacher
@@ -22,6 +24,7 @@ from orchard.eval import RunConfig, evaluate
 from orchard.eval.results import read_results
 from orchard.recipes.bar import BARConfig
 from orchard.recipes.demo import COMPACT_CONFIG, DemoConfig
+from orchard.recipes.demo_view import StageProgress
 from orchard.recipes.loss import token_logprobs
 from orchard.recipes.models import tiny_llama
 from orchard.recipes.montecarlo import MonteCarloAnnotator
@@ -179,9 +182,21 @@ def test_demo_end_to_end(client: SandboxClient, tmp_path: Path) -> None:
         n_train=6, n_test=2, mc_max=1, mc_k=1, eval_n=1, tiny_hidden=64,
         sft=SFTConfig(epochs=1, batch_size=4, warmup=1),
         rl=RLConfig(steps=1, batch_prompts=1, bar=BARConfig(n=2, n_max=2, stride=2)))
-    results = run_demo(tmp_path, config, client=client, log=lambda _: None)
+    with StageProgress(Console(file=io.StringIO())) as progress:
+        results = run_demo(tmp_path, config, client=client, log=lambda _: None,
+                           progress=progress)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["stages"].keys() == {"base", "sft", "sft_rl"}
+    bars = {t.description: t for t in progress.progress.tasks}
+    assert list(bars) == ["teacher", "values", "sft_data", "eval_base", "sft", "eval_sft",
+                          "rl", "eval_rl", "rerank"]
+    assert bars["eval_base"].total == 2 and bars["teacher"].total == 6
+    assert all(t.finished for t in bars.values())
+    # Every evaluation drew with the same seeds: stages pair up per task.
+    assert saved["paired"].keys() == {"sft_minus_base", "sft_rl_minus_sft", "sft_rl_minus_base"}
+    assert all(d["units"] == 2 for d in saved["paired"].values())
+    assert saved["paired"]["sft_minus_base"]["mean"] == pytest.approx(
+        saved["stages"]["sft"]["resolved_rate"] - saved["stages"]["base"]["resolved_rate"])
     for stage in saved["stages"].values():
         assert stage["rollouts"] == 2 and 0 <= stage["resolved_rate"] <= 1
         assert set(stage["pass_at_k"]) == {"1"}
@@ -191,7 +206,8 @@ def test_demo_end_to_end(client: SandboxClient, tmp_path: Path) -> None:
     assert len(saved["rl"]) == 1 and results["seeds"]["rl"] == 0
     rerank = saved["rerank"]  # best-of-1: every pick is the only candidate
     assert rerank["n"] == 1 and rerank["tasks"] == 2
-    assert rerank["value"] == rerank["random"] == rerank["oracle"] == pytest.approx(
+    assert rerank["value"] == rerank["random"] == rerank["oracle"] == rerank["likelihood"] \
+        == pytest.approx(
         saved["stages"]["sft_rl"]["resolved_rate"])
     assert rerank["train"]["examples"] >= 6  # the teacher's rollouts, at least
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -76,9 +76,8 @@ def demo(
 ) -> None:
     """The training pipeline end to end: teacher trajectories -> credit-assignment SFT -> BAR
     RL -> held-out evaluation, with real sandboxes and grading; prints the stage table."""
-    from rich.table import Table
-
     from orchard.domains import run_demo
+    from orchard.recipes.demo_view import StageProgress, results_table
 
     config = demo_config(domain, seed=seed, eval_n=eval_n, judge=judge,
                          judge_model=judge_model, device=device, lora_rank=lora_rank,
@@ -96,20 +95,14 @@ def demo(
     with contextlib.ExitStack() as stack:
         url, api_key = open_orchestrator(stack, ctx, orchestrator)
         client = stack.enter_context(SandboxClient(url, api_key=api_key))
-        results = run_demo(out, config, client=client,
+        progress = stack.enter_context(StageProgress(console))
+        results = run_demo(out, config, client=client, progress=progress,
                            log=lambda line: console.print(line, markup=False))
-    table = Table(title=f"held-out {domain} tasks ({config.eval_n} samples each), "
-                        f"seed {seed}")
-    for column in ("stage", "resolved", "pass@k", "rollouts", "seconds"):
-        table.add_column(column)
-    for name, stage in results["stages"].items():
-        table.add_row(name, f"{stage['resolved_rate']:.1%}",
-                      ", ".join(f"@{k} {v:.1%}" for k, v in stage["pass_at_k"].items()),
-                      str(stage["rollouts"]), f"{stage['seconds']:.0f}")
-    console.print(table)
-    margin = results["margin"]["sft_rl_minus_base"]
-    console.print(f"SFT+RL - base: {margin:+.1%} resolved on held-out tasks; "
-                  f"wall time {sum(results['seconds'].values()):.0f} s; "
+    name = results["model"]["name"].rsplit("/", 1)[-1]
+    console.print(results_table(results, f"held-out {domain} tasks: {config.n_test} x "
+                                         f"{config.eval_n} samples, the same request seeds "
+                                         f"at every stage ({name}, seed {seed})"))
+    console.print(f"wall time {sum(results['seconds'].values()):.0f} s; "
                   f"{out / 'results.json'}, {out / 'learning_curve.png'}")
 
 

@@ -122,9 +122,10 @@ def demo_domain(name: str, agent_config: dict[str, Any] | None = None) -> Any:
 
 
 def run_demo(out: Path, config: Any, *, client: Any = None,
-             log: Callable[[str], None] = print) -> dict[str, Any]:
+             log: Callable[[str], None] = print, progress: Any = None) -> dict[str, Any]:
     """``orchard.recipes.demo.run_demo`` on the adapter of ``config.domain`` (a
-    ``DemoConfig``)."""
+    ``DemoConfig``); ``progress``: a ``StageProgress`` to show the stages on."""
     from orchard.recipes.demo import run_demo as run
 
-    return run(out, config, domain=demo_domain(config.domain), client=client, log=log)
+    return run(out, config, domain=demo_domain(config.domain), client=client, log=log,
+               progress=progress)

@@ -17,6 +17,7 @@ from orchard.eval.harness import (
     RolloutContext,
     ScriptedTeacher,
 )
+from orchard.eval.paired import PairedDifference, paired_difference, rollout_outcomes
 from orchard.eval.report import compare_tables, draw_chart, run_table
 from orchard.eval.results import (
     Failure,
@@ -34,6 +35,7 @@ __all__ = [
     "HarnessError",
     "HarnessResult",
     "Heartbeats",
+    "PairedDifference",
     "RolloutContext",
     "RolloutResult",
     "RunConfig",
@@ -45,8 +47,10 @@ __all__ = [
     "draw_chart",
     "evaluate",
     "load_summary",
+    "paired_difference",
     "pass_at_k",
     "read_results",
+    "rollout_outcomes",
     "run_table",
     "summarize",
 ]

@@ -36,9 +36,11 @@ import torch
 from orchard.env.client import SandboxClient
 from orchard.eval.evaluate import evaluate
 from orchard.eval.harness import Harness
+from orchard.eval.paired import paired_difference, rollout_outcomes
 from orchard.eval.runner import RunConfig
 from orchard.recipes.bar import BARConfig
 from orchard.recipes.credit import RetrospectiveAnnotator
+from orchard.recipes.demo_view import PAIRS, StageProgress, draw_stages
 from orchard.recipes.domains import DemoDomain
 from orchard.recipes.models import load_policy, tiny_llama, with_lora
 from orchard.recipes.montecarlo import MonteCarloAnnotator
@@ -52,7 +54,13 @@ from orchard.recipes.rerank import (
     training_examples,
 )
 from orchard.recipes.rl import RLConfig, train_rl
-from orchard.recipes.sft import SFTConfig, build_sft_dataset, save_examples, sft_train
+from orchard.recipes.sft import (
+    SFTConfig,
+    build_sft_dataset,
+    save_examples,
+    sft_steps,
+    sft_train,
+)
 from orchard.recipes.trajectories import load_trajectories
 from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from orchard.testing.policies import Policy
@@ -157,8 +165,11 @@ class Demo:
     """The pipeline's stages as methods, so each can be read (and rerun) on its own."""
 
     def __init__(self, out: Path, config: DemoConfig, client: SandboxClient,
-                 log: Callable[[str], None] = print, *, domain: DemoDomain) -> None:
+                 log: Callable[[str], None] = print, *, domain: DemoDomain,
+                 progress: StageProgress | None = None) -> None:
         self.out, self.config, self.client, self.log = out, config, client, log
+        self.progress = progress
+        self._advance: Callable[..., None] = lambda n=1: None
         self.domain = domain  # config.domain's adapter: orchard.domains.demo_domain
         self.tasks = self.domain.tasks(config.n_train, config.n_test, config.seed)
         self.train = [t for t in self.tasks if t.split == "train"][:config.n_train]
@@ -166,10 +177,16 @@ class Demo:
         self.results: dict[str, Any] = {"config": _jsonable(asdict(config)), "stages": {},
                                         "seconds": {}}
 
-    def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
+    def _timed(self, name: str, fn: Callable[[], Any], total: int | None = None,
+               unit: str = "") -> Any:
+        """Run a stage: its wall time goes to the results, its units (``total`` of them)
+        advance its progress bar."""
         self.log(f"[{name}] ...")
         started = time.monotonic()
-        value = fn()
+        with (self.progress.stage(name, total, unit) if self.progress is not None
+              else contextlib.nullcontext(lambda n=1: None)) as advance:
+            self._advance = advance
+            value = fn()
         self.results["seconds"][name] = round(time.monotonic() - started, 2)
         self.log(f"[{name}] done in {self.results['seconds'][name]:.1f} s")
         return value
@@ -183,7 +200,8 @@ class Demo:
         run = self.out / "teacher"
         harness = self.domain.teacher(self.train, self.config.teacher_solve)
         summary = evaluate(self.train, harness, run, self.client,
-                           config=RunConfig(out=run, concurrency=self.config.concurrency))
+                           config=RunConfig(out=run, concurrency=self.config.concurrency),
+                           on_result=lambda _: self._advance())
         self.results["teacher"] = _stage_summary(summary, 0.0)
         return run
 
@@ -201,6 +219,7 @@ class Demo:
             segments: dict[str, list[tuple[int, int]]] = {}
             for traj in trajectories:
                 curve = annotator.annotate(traj)
+                self._advance()
                 segments[traj.rollout_id] = curve.rise_segments(self.config.eps)
                 f.write(json.dumps({"rollout_id": traj.rollout_id, "values": curve.values,
                                     "key_steps": curve.key_steps,
@@ -247,7 +266,8 @@ class Demo:
         summary = evaluate(self.test, harness, run, self.client,
                            config=RunConfig(out=run, n=self.config.eval_n,
                                             concurrency=self.config.concurrency,
-                                            sampling_seed=self.config.eval_seed))
+                                            sampling_seed=self.config.eval_seed),
+                           on_result=lambda _: self._advance())
         stage = _stage_summary(summary, time.monotonic() - started)
         self.results["stages"][name] = stage
         self.log(f"  {name}: resolved {stage['resolved_rate']:.1%} of "
@@ -318,7 +338,7 @@ class Demo:
         cfg = self.config
         torch.set_num_threads(cfg.sft_threads or len(os.sched_getaffinity(0)))
         try:
-            log = sft_train(model, examples, cfg.sft)
+            log = sft_train(model, examples, cfg.sft, on_step=lambda _: self._advance())
         finally:
             torch.set_num_threads(cfg.threads)
         model.eval()
@@ -337,6 +357,7 @@ class Demo:
 
         def step_done(record: dict[str, Any]) -> None:
             self.log(step_line(name, record))
+            self._advance()
             if on_step is not None:
                 on_step(record)
 
@@ -353,8 +374,9 @@ class Demo:
         # decoding step: ~1 ms on one thread, ~50 ms on two under load).
         torch.set_num_threads(cfg.threads)
         model, tokenizer = self.load_model()
-        run = self._timed("teacher", self.teacher)
-        segments = self._timed("values", lambda: self.values(run))
+        held_out = len(self.test) * cfg.eval_n
+        run = self._timed("teacher", self.teacher, len(self.train), "rollouts")
+        segments = self._timed("values", lambda: self.values(run), cfg.mc_max, "rollouts")
         examples = self._timed("sft_data", lambda: self.sft_data(run, segments, tokenizer))
         # The server holds its own copy: generation never sees weights mid-update.
         served = copy_model(model)
@@ -367,22 +389,31 @@ class Demo:
             "trained_parameters": sum(p.numel() for p in model.parameters()
                                       if p.requires_grad), "lora_rank": cfg.lora_rank}
         with PolicyServer(served, tokenizer, seed=cfg.seed) as server:
-            self._timed("eval_base", lambda: self.evaluate_policy(server, "base"))
-            sft_log = self._timed("sft", lambda: self.sft(model, examples, server))
-            self._timed("eval_sft", lambda: self.evaluate_policy(server, "sft"))
-            rl_log = self._timed("rl", lambda: self.rl(model, server))
-            self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"))
+            self._timed("eval_base", lambda: self.evaluate_policy(server, "base"), held_out,
+                        "rollouts")
+            sft_log = self._timed("sft", lambda: self.sft(model, examples, server),
+                                  sft_steps(cfg.sft, len(examples)), "steps")
+            self._timed("eval_sft", lambda: self.evaluate_policy(server, "sft"), held_out,
+                        "rollouts")
+            rl_log = self._timed("rl", lambda: self.rl(model, server), cfg.rl.steps, "steps")
+            self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"), held_out,
+                        "rollouts")
         self._timed("rerank", lambda: self.rerank(tokenizer, policy=served))
         stages = self.results["stages"]
         self.results["margin"] = {
             "sft_rl_minus_base": stages["sft_rl"]["resolved_rate"]
             - stages["base"]["resolved_rate"],
             "sft_minus_base": stages["sft"]["resolved_rate"] - stages["base"]["resolved_rate"]}
+        # Every evaluation drew with the same request seeds (eval_seed): pair them by task.
+        outcomes = {name: rollout_outcomes(self.out / f"eval-{name}") for name in stages}
+        self.results["paired"] = {
+            f"{stage}_minus_{ref}": paired_difference([outcomes[stage]], outcomes[ref]).as_dict()
+            for stage, ref in PAIRS}
         self.results["seeds"] = {"tasks": cfg.seed, "model_init": cfg.seed,
                                  "sft": cfg.sft.seed, "rl": cfg.rl.seed, "serving": cfg.seed}
         (self.out / "results.json").write_text(json.dumps(self.results, indent=2),
                                                encoding="utf-8")
-        draw_learning_curve(sft_log, rl_log, stages, self.out / "learning_curve.png")
+        draw_stages(sft_log, rl_log, self.results, self.out / "learning_curve.png")
         return self.results
 
 
@@ -424,36 +455,14 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def draw_learning_curve(sft_log: list[dict[str, Any]], rl_log: list[dict[str, Any]],
-                        stages: dict[str, Any], path: Path) -> None:
-    """SFT loss per step, the RL rollouts' resolved rate per step, and held-out resolved rate
-    per stage, side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.6))
-    a.plot([m["step"] for m in sft_log], [m["loss"] for m in sft_log])
-    a.set(title="SFT: masked loss", xlabel="step", ylabel="loss")
-    b.plot([r["step"] for r in rl_log], [r["resolved_rate"] for r in rl_log], marker="o")
-    b.set(title="RL: resolved rate of sampled rollouts", xlabel="step", ylim=(0, 1))
-    names = list(stages)
-    c.bar(names, [stages[n]["resolved_rate"] for n in names], color="#4c72b0")
-    c.set(title="held-out tasks: resolved rate", ylim=(0, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def run_demo(out: Path, config: DemoConfig, *, domain: DemoDomain,
-             client: SandboxClient | None = None,
-             log: Callable[[str], None] = print) -> dict[str, Any]:
+             client: SandboxClient | None = None, log: Callable[[str], None] = print,
+             progress: StageProgress | None = None) -> dict[str, Any]:
     """Run the pipeline on ``domain`` (``config.domain``'s adapter) into ``out`` (embedded
-    orchestrator unless ``client`` is given). ``orchard.domains.run_demo`` finds the adapter
-    by the config's name."""
+    orchestrator unless ``client`` is given), with a bar per stage when ``progress`` is
+    given. ``orchard.domains.run_demo`` finds the adapter by the config's name."""
     out.mkdir(parents=True, exist_ok=True)
     if client is not None:
-        return Demo(out, config, client, log, domain=domain).run()
+        return Demo(out, config, client, log, domain=domain, progress=progress).run()
     with SandboxClient.local() as local:
-        return Demo(out, config, local, log, domain=domain).run()
+        return Demo(out, config, local, log, domain=domain, progress=progress).run()

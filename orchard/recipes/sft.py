@@ -302,6 +302,12 @@ def sft_loss(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: to
     return masked_nll(logprobs, mask)
 
 
+def sft_steps(config: SFTConfig, examples: int) -> int:
+    """How many optimizer steps ``sft_train`` takes on ``examples`` examples."""
+    total = config.epochs * math.ceil(examples / config.batch_size)
+    return total if config.max_steps is None else min(total, config.max_steps)
+
+
 def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SFTConfig, *,
               on_step: Callable[[dict[str, Any]], None] | None = None,
               accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
@@ -323,10 +329,7 @@ def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SF
                          "no rows: make it at least the number of processes")
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
     pad_id = pad_id_of(model)
-    per_epoch = math.ceil(len(examples) / config.batch_size)
-    total = config.epochs * per_epoch
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
+    total = sft_steps(config, len(examples))
 
     params = trainable(model)
     optimizer = adamw(model, config.lr, config.weight_decay)
