@@ -26,11 +26,13 @@ SFT checkpoint without evaluations, and reports each step's final-epoch KL and c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
 import statistics
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,11 @@ from orchard.eval.paired import paired_difference, rollout_outcomes  # noqa: E40
 from orchard.recipes.demo import Demo, DemoConfig, copy_model, pretrained  # noqa: E402
 from orchard.recipes.models import served_weights, with_lora  # noqa: E402
 from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
+from orchard.recipes.policy_server.weight_sync import (  # noqa: E402
+    FolderSync,
+    RemotePolicy,
+    ServedPolicy,
+)
 
 KL_BAND = (1e-3, 3e-2)
 """Where a step's final-epoch approx KL should land (the sweep's target)."""
@@ -62,7 +69,8 @@ class Curve:
         self.path = args.out / "curve.json"
         self.state: dict[str, Any] = (json.loads(self.path.read_text()) if self.path.exists()
                                       else {"shared": {}, "seeds": {}, "sweep": {}})
-        config = DemoConfig(domain=args.domain, seed=args.data_seed, lora_rank=args.lora_rank)
+        config = DemoConfig(domain=args.domain, seed=args.data_seed, lora_rank=args.lora_rank,
+                            device=args.device, concurrency=args.concurrency)
         if args.model:
             config = pretrained(replace(config, model=args.model))
         config = replace(config, n_train=args.n_train, n_test=args.n_test, eval_n=args.eval_n)
@@ -79,6 +87,22 @@ class Curve:
         return Demo(self.args.out / folder, replace(self.config, **changes), self.client,
                     self.log, domain=demo_domain(self.config.domain))
 
+    @contextlib.contextmanager
+    def serving(self, demo: Demo, model: torch.nn.Module, served: torch.nn.Module,
+                tokenizer: Any, seed: int) -> Iterator[ServedPolicy]:
+        """The policy's server: in-process over ``served``, or with --engine-url the engine
+        in another process (SGLang, an orchard policy server), given ``model``'s weights."""
+        args = self.args
+        if not args.engine_url:
+            with PolicyServer(served, tokenizer, seed=seed) as server:
+                yield server
+            return
+        sync = FolderSync(args.engine_url, args.out / "weights", kind=args.engine_kind,
+                          tokenizer_dir=demo.tokenizer_dir, key=args.engine_key)
+        remote = RemotePolicy(args.engine_url, args.engine_model, sync)
+        remote.update(model)
+        yield remote
+
     def model(self, demo: Demo) -> tuple[torch.nn.Module, torch.nn.Module, Any]:
         """(the model to train, the server's copy, the tokenizer), untrained."""
         model, tokenizer = demo.load_model()
@@ -87,7 +111,7 @@ class Curve:
             model = with_lora(model, self.config.lora_rank)
         return model, served, tokenizer
 
-    def evaluate(self, demo: Demo, server: PolicyServer, name: str) -> dict[str, Any]:
+    def evaluate(self, demo: Demo, server: ServedPolicy, name: str) -> dict[str, Any]:
         """A held-out evaluation with each rollout's outcome; a partial one of a dead run is
         stale (other weights), so it starts afresh."""
         shutil.rmtree(demo.out / f"eval-{name}", ignore_errors=True)
@@ -101,7 +125,7 @@ class Curve:
         shared, checkpoint = self.state["shared"], self.args.out / "shared" / "sft.pt"
         demo = self.demo("shared")
         model, served, tokenizer = self.model(demo)
-        with PolicyServer(served, tokenizer, seed=self.config.seed) as server:
+        with self.serving(demo, model, served, tokenizer, self.config.seed) as server:
             if "base" not in shared and not self.args.sweep:
                 shared["base"] = self.evaluate(demo, server, "base")
                 self.save()
@@ -122,7 +146,24 @@ class Curve:
                 server.update(model)
                 shared["sft"] = self.evaluate(demo, server, "sft")
                 self.save()
+            if self.args.format_control and "format" not in shared and not self.args.sweep:
+                shared["format"] = self.format_control(demo, server)
+                self.save()
         return state
+
+    def format_control(self, demo: Demo, server: ServedPolicy) -> dict[str, Any]:
+        """The untrained policy after SFT, with SFT's settings, on format-correct calls that
+        fix nothing (one a training task): what the format alone is worth."""
+        from orchard.domains.swe.format_control import format_control_examples
+
+        model, _, tokenizer = self.model(demo)
+        examples = format_control_examples(demo.train, tokenizer, seed=self.config.seed)
+        with self.clock("format sft"):
+            log = demo.sft(model, examples, server)
+        stage = self.evaluate(demo, server, "format")
+        stage["sft"] = {"examples": len(examples), "steps": len(log),
+                        "last_loss": log[-1]["loss"]}
+        return stage
 
     def seed(self, seed: int, sft: dict[str, torch.Tensor]) -> None:
         """``--steps`` RL steps of one seed from the SFT checkpoint, evaluated every
@@ -134,7 +175,8 @@ class Curve:
         model, served, tokenizer = self.model(demo)
         model.load_state_dict(sft)
         served.load_state_dict(served_weights(model))
-        config = replace(rl_setting(args.rl[0], self.config.rl), steps=args.steps, seed=seed)
+        config = replace(rl_setting(args.rl[0], self.config.rl), steps=args.steps, seed=seed,
+                         concurrency=args.concurrency)
 
         def after(step: dict[str, Any]) -> None:
             record["steps"] = [r for r in record["steps"] if r["step"] < step["step"]]
@@ -146,7 +188,8 @@ class Curve:
                          f"{record['evals'][str(done)]['resolved_rate']:.1%}")
             self.save()
 
-        with PolicyServer(served, tokenizer, seed=seed) as server, self.clock(f"rl seed {seed}"):
+        with self.serving(demo, model, served, tokenizer, seed) as server, \
+                self.clock(f"rl seed {seed}"):
             demo.rl(model, server, config, name="rl", resume=args.resume, on_step=after)
 
     def sweep(self, sft: dict[str, torch.Tensor]) -> None:
@@ -158,8 +201,9 @@ class Curve:
             model, served, tokenizer = self.model(demo)
             model.load_state_dict(sft)
             served.load_state_dict(served_weights(model))
-            config = replace(rl_setting(spec, self.config.rl), steps=self.args.steps)
-            with PolicyServer(served, tokenizer, seed=0) as server:
+            config = replace(rl_setting(spec, self.config.rl), steps=self.args.steps,
+                             concurrency=self.args.concurrency)
+            with self.serving(demo, model, served, tokenizer, 0) as server:
                 steps = demo.rl(model, server, config, name="rl", resume=self.args.resume)
             self.state["sweep"][spec] = [{k: r[k] for k in STEP_KEYS if k in r} for r in steps]
             self.save()
@@ -293,6 +337,8 @@ def main() -> int:
     parser.add_argument("--rl", action="append", help="an RL setting (bench/learning.py's "
                         "form); one for a curve, several for --sweep")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--format-control", action="store_true",
+                        help="also SFT the untrained policy on format-only calls and evaluate it")
     parser.add_argument("--n-train", type=int, default=128)
     parser.add_argument("--n-test", type=int, default=48)
     parser.add_argument("--eval-n", type=int, default=2)
@@ -302,6 +348,15 @@ def main() -> int:
     parser.add_argument("--model", help="a causal-LM folder, or smollm2 (default: the tiny "
                         "random-init Llama)")
     parser.add_argument("--lora-rank", type=int, default=0)
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if there is one)")
+    parser.add_argument("--concurrency", type=int, default=2, help="rollouts at once")
+    parser.add_argument("--engine-url", help="serve the policy from this engine in another "
+                        "process (its base URL) instead of in-process; weights go to it as "
+                        "folders under OUT/weights")
+    parser.add_argument("--engine-kind", choices=("orchard", "sglang"), default="sglang")
+    parser.add_argument("--engine-model", default="policy",
+                        help="the model name the engine serves")
+    parser.add_argument("--engine-key", help="the engine's admin key (weight loading)")
     parser.add_argument("--out", type=Path, default=Path("runs/curve"))
     parser.add_argument("--resume", action="store_true",
                         help="carry on the run in --out where it stopped")

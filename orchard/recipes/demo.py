@@ -45,6 +45,7 @@ from orchard.recipes.domains import DemoDomain
 from orchard.recipes.models import load_policy, tiny_llama, with_lora
 from orchard.recipes.montecarlo import MonteCarloAnnotator
 from orchard.recipes.policy_server.server import PolicyServer
+from orchard.recipes.policy_server.weight_sync import ServedPolicy
 from orchard.recipes.rerank import (
     ValueModel,
     ValueModelConfig,
@@ -191,9 +192,9 @@ class Demo:
         self.log(f"[{name}] done in {self.results['seconds'][name]:.1f} s")
         return value
 
-    def _policy_harness(self, server: PolicyServer) -> Harness:
+    def _policy_harness(self, server: ServedPolicy) -> Harness:
         """The harness the policy runs in, calling ``server`` through the recording proxy."""
-        return self.domain.policy(server.url or "", server.engine.model_name,
+        return self.domain.policy(server.url or "", server.model_name,
                                   self.tokenizer_dir)
 
     def teacher(self) -> Path:
@@ -259,7 +260,7 @@ class Demo:
             "trained_tokens": sum(sum(e.loss_mask) for e in examples)}
         return examples
 
-    def evaluate_policy(self, server: PolicyServer, name: str) -> dict[str, Any]:
+    def evaluate_policy(self, server: ServedPolicy, name: str) -> dict[str, Any]:
         run = self.out / f"eval-{name}"
         harness = self._policy_harness(server)
         started = time.monotonic()
@@ -332,7 +333,7 @@ class Demo:
         self.device = str(device)
         return model.to(device), tokenizer
 
-    def sft(self, model: torch.nn.Module, examples: list[Any], server: PolicyServer
+    def sft(self, model: torch.nn.Module, examples: list[Any], server: ServedPolicy
             ) -> list[dict[str, Any]]:
         """SFT on every core (nothing else runs meanwhile); ``server`` then serves the result."""
         cfg = self.config
@@ -348,7 +349,7 @@ class Demo:
                                "tokens_per_s": _median(m["tokens_per_s"] for m in log)}
         return log
 
-    def rl(self, model: torch.nn.Module, server: PolicyServer, config: RLConfig | None = None,
+    def rl(self, model: torch.nn.Module, server: ServedPolicy, config: RLConfig | None = None,
            name: str = "rl", *, resume: bool = False,
            on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """BAR RL from ``model`` as it is (``config``: the demo's unless given), into

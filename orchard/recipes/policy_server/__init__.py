@@ -12,7 +12,13 @@ server (and the recording proxy) run on.
 
 from orchard.recipes.policy_server.batching import Batcher
 from orchard.recipes.policy_server.server import PolicyEngine, PolicyServer, create_policy_app
-from orchard.recipes.policy_server.weight_sync import FolderSync, ServesWeights, WeightSyncError
+from orchard.recipes.policy_server.weight_sync import (
+    FolderSync,
+    RemotePolicy,
+    ServedPolicy,
+    ServesWeights,
+    WeightSyncError,
+)
 
-__all__ = ["Batcher", "FolderSync", "PolicyEngine", "PolicyServer", "ServesWeights",
-           "WeightSyncError", "create_policy_app"]
+__all__ = ["Batcher", "FolderSync", "PolicyEngine", "PolicyServer", "RemotePolicy",
+           "ServedPolicy", "ServesWeights", "WeightSyncError", "create_policy_app"]

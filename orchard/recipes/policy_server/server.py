@@ -360,6 +360,10 @@ class PolicyServer(ThreadedServer):
     def weights_version(self) -> int:
         return self.engine.weights_version
 
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
     def stop(self) -> None:
         super().stop()
         self.engine.close()

@@ -36,6 +36,17 @@ class ServesWeights(Protocol):
         ...
 
 
+class ServedPolicy(ServesWeights, Protocol):
+    """What a recipe needs of whatever serves its policy: the base URL its harness calls (the
+    OpenAI one is ``url + "/v1"``), the model name served there, and new weights in."""
+
+    @property
+    def url(self) -> str | None: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+
 class WeightSyncError(RuntimeError):
     """The engine did not take the new weights; the message says what it answered."""
 
@@ -91,4 +102,15 @@ class FolderSync:
             shutil.rmtree(old, ignore_errors=True)
 
 
-__all__ = ["FolderSync", "ServesWeights", "WeightSyncError"]
+class RemotePolicy:
+    """A policy served by an engine in another process (SGLang on a GPU, or an orchard policy
+    server): the harness calls ``url``, and ``sync`` pushes each new set of weights to it."""
+
+    def __init__(self, url: str, model_name: str, sync: FolderSync) -> None:
+        self.url, self.model_name, self.sync = url.rstrip("/"), model_name, sync
+
+    def update(self, weights: torch.nn.Module) -> int:
+        return self.sync.update(weights)
+
+
+__all__ = ["FolderSync", "RemotePolicy", "ServedPolicy", "ServesWeights", "WeightSyncError"]
