@@ -25,8 +25,19 @@ RESUME_FLAG=()
 [[ "${RESUME:-0}" == 1 ]] && RESUME_FLAG=(--resume)
 
 engine_pid=""
-cleanup() { [[ -n "$engine_pid" ]] && kill "$engine_pid" 2>/dev/null && wait "$engine_pid" 2>/dev/null; true; }
-trap cleanup EXIT INT TERM
+scratch=$(mktemp -d)
+cleanup() {
+  local rc=$?
+  if [[ -n "$engine_pid" ]]; then
+    kill "$engine_pid" 2>/dev/null || true
+    wait "$engine_pid" 2>/dev/null || true
+  fi
+  rm -rf "$scratch"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 wait_for() {  # the engine's health endpoint, up to $2 seconds
   for _ in $(seq "$2"); do
@@ -41,8 +52,7 @@ wait_for() {  # the engine's health endpoint, up to $2 seconds
 if [[ $DRY == 1 ]]; then
   OUT=${OUT:-runs/gpu-recipe-dry}
   # Any tiny Llama of the demo's shape: its weights are replaced by the first sync.
-  MODEL_DIR="$OUT/engine-start"
-  mkdir -p "$OUT"
+  MODEL_DIR="$scratch/engine-start"
   "$PY" - "$MODEL_DIR" <<'EOF'
 import sys
 from orchard.recipes.models import save_policy, tiny_llama

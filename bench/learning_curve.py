@@ -393,6 +393,7 @@ def main() -> int:
     name = "learning_curve"
     png = RESULTS_DIR / (f"{name}-{args.tag}.png" if args.tag else f"{name}.png")
     if not args.sweep:
+        png.parent.mkdir(parents=True, exist_ok=True)
         draw(args, curve.state, results["summary"], png)
     return finish(name, args, results, server, report)
 

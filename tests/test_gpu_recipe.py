@@ -42,6 +42,6 @@ def test_the_gpu_recipe_dry_run_trains_through_an_engine_in_another_process(
     assert sorted(p.name for p in (tmp_path / "run" / "weights").iterdir())[-1].startswith(
         "weights-")
     assert (tmp_path / "results" / "learning_curve-dry.png").read_bytes()[:4] == b"\x89PNG"
-    # The engine died with the script.
-    assert str(tmp_path) not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
-                                                text=True).stdout
+    # The engine died with the script (its command line names its port).
+    assert f"--port {env['PORT']}" not in subprocess.run(["ps", "-eo", "args"],
+                                                        capture_output=True, text=True).stdout
