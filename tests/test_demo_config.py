@@ -44,7 +44,7 @@ def test_a_pretrained_model_gets_the_cpu_sizes_unless_options_say_otherwise() ->
 
 
 def test_bad_combinations_say_what_to_change() -> None:
-    with pytest.raises(typer.BadParameter, match="swe, bugfix, web or assistant"):
+    with pytest.raises(typer.BadParameter, match="swe, bugfix, bugfix-read, web or assistant"):
         demo_config("chess")
     with pytest.raises(typer.BadParameter, match="add --domain assistant"):
         demo_config("bugfix", judge="scripted")

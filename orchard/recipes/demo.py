@@ -113,14 +113,13 @@ class DemoConfig:
     # steps on 128 tasks 69-78% (five runs).
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(lr=3e-3, epochs=1000, max_steps=400,
                                                              batch_size=8, warmup=20))
-    # lr: one step at 1e-4 took the SFT policy from 56% to 36% on held-out tasks. Adam's first
-    # steps move every weight by ~lr whatever its gradient's size, and the failed rollouts'
-    # improbable tokens dominate the gradient; at 1e-5 a step costs nothing measurable.
-    # PPO: 4 epochs x 2 minibatches (RLConfig's default). bench/learning.py, 3 seeds, 192
-    # held-out rollouts a stage: RL - SFT +0.3 +- 2.5 points with it, -0.9 +- 1.4 with one
-    # step per RL step, and -3.6 (one seed) at 3e-6 for 4 steps. None differs from zero.
+    # lr: swept from the SFT checkpoint with 4 PPO epochs x 2 minibatches, 2 steps each
+    # (bench/results/learning_curve-swe-sweep.json). The final-epoch approx KL was 7e-4 and
+    # 7e-5 at 1e-5 (inert), 5e-3 and 3e-4 at 3e-5, 2.0e-2 and 1.9e-2 at 1e-4 (clip 1.4% and
+    # 2.0%), 2.5e-2 and 4.9e-2 at 3e-4. 1e-4 is the rate whose steps land in KL 1e-3..3e-2
+    # and clip 1-10%.
     rl: RLConfig = field(default_factory=lambda: RLConfig(
-        steps=2, batch_prompts=4, bar=BARConfig(n=4, n_max=8, stride=4), lr=1e-5))
+        steps=2, batch_prompts=4, bar=BARConfig(n=4, n_max=8, stride=4), lr=1e-4))
     value: ValueModelConfig = field(default_factory=lambda: ValueModelConfig(
         max_tokens=256, lr=3e-3, epochs=12, batch_size=8))
     """The value model of the reranking stage (a tiny Llama with the policy's tokenizer)."""
