@@ -26,6 +26,15 @@ Requests that overlap decode together (orchard/recipes/policy_server/batching.py
 seed, and each answers what it would alone, up to float error. ``max_batch=1`` decodes one at a
 time.
 
+A rollout's next prompt extends its last one (prompt + completion + observation), so the server
+keeps the keys and values of the sequences it decoded (orchard/recipes/policy_server/
+prefix_cache.py): a prompt that starts with one runs only the rest through the model. At most
+``max_cached_tokens`` tokens (16384; 0 turns it off) are kept, least recently used first out;
+that is 2 KiB a token for the tiny test Llama, 45 KiB for SmolLM2-135M in float32. New weights
+clear them. Answers are the same as without the cache, up to float error (same seed, same
+tokens; log-probs within 1e-4 of a full forward pass, tests/test_policy_server_cache.py).
+bench/kv_reuse.py measures the speed-up on multi-turn rollouts (see docs/guides/recipes.md).
+
 Weights change between RL steps: :meth:`PolicyServer.update` (in-process) or
 `POST /v1/load_weights {"path": DIR}` (a trainer in another process saves a model folder, see
 orchard/recipes/models.py) swap them once the generation in flight is done, and bump the
