@@ -26,6 +26,15 @@ Requests that overlap decode together (orchard/recipes/policy_server/batching.py
 seed, and each answers what it would alone, up to float error. ``max_batch=1`` decodes one at a
 time.
 
+A rollout's next prompt extends its last one (prompt + completion + observation), so the server
+keeps the keys and values of the sequences it decoded (orchard/recipes/policy_server/
+prefix_cache.py): a prompt that starts with one runs only the rest through the model. At most
+``max_cached_tokens`` tokens (16384; 0 turns it off) are kept, least recently used first out;
+that is 2 KiB a token for the tiny test Llama, 45 KiB for SmolLM2-135M in float32. New weights
+clear them. Answers are the same as without the cache, up to float error (same seed, same
+tokens; log-probs within 1e-4 of a full forward pass, tests/test_policy_server_cache.py).
+bench/kv_reuse.py measures the speed-up on multi-turn rollouts (see docs/guides/recipes.md).
+
 Weights change between RL steps: :meth:`PolicyServer.update` (in-process) or
 `POST /v1/load_weights {"path": DIR}` (a trainer in another process saves a model folder, see
 orchard/recipes/models.py) swap them once the generation in flight is done, and bump the
@@ -70,6 +79,7 @@ from orchard.rollout.tokenizer import token_bytes
 from orchard.serving import ThreadedServer, admin_key_refusal, new_admin_key
 
 DEFAULT_MAX_TOKENS = 256
+DEFAULT_MAX_CACHED_TOKENS = 16384
 ADMIN_KEY_ENV = "ORCHARD_POLICY_KEY"
 MAX_LOGPROBS = 20  # vLLM's default limit, and OpenAI's
 # Request fields this server does not implement, with the values that leave them off: a request
@@ -109,11 +119,14 @@ class CompletionRequest(BaseModel):
 
 class PolicyEngine:
     """The model and its tokenizer: requests decoded in batches of up to ``max_batch``
-    (``batching.Batcher``; 1 decodes them one at a time), weight updates between batches."""
+    (``batching.Batcher``; 1 decodes them one at a time), reusing up to ``max_cached_tokens``
+    of earlier sequences' keys and values (``prefix_cache.PrefixCache``; 0 turns it off), weight
+    updates between batches."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, *,
                  model_name: str = "policy", max_new_tokens_limit: int = 1024,
-                 seed: int = 0, max_batch: int = 8) -> None:
+                 seed: int = 0, max_batch: int = 8,
+                 max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS (end-of-turn) token to stop at")
         if max_new_tokens_limit < 1:
@@ -130,7 +143,8 @@ class PolicyEngine:
         self._lock = threading.Lock()  # the tokenizer is not safe to share between threads
         # Seeds for requests that bring none: the server's seed makes a run repeatable.
         self._seeds = random.Random(seed)
-        self.batcher = Batcher(self.model, pad_id_of(self.model), max_batch=max_batch)
+        self.batcher = Batcher(self.model, pad_id_of(self.model), max_batch=max_batch,
+                               max_cached_tokens=max_cached_tokens)
 
     def close(self) -> None:
         self.batcher.close()
@@ -155,6 +169,8 @@ class PolicyEngine:
                     f"missing {missing[:3]}, unexpected {unexpected[:3]}, "
                     f"other shapes {wrong[:3]}")
             self.model.load_state_dict(state)
+            # Cached keys and values came from the old weights.
+            self.batcher.prefix.clear()
             self.weights_version += 1
             return self.weights_version
 
@@ -344,10 +360,12 @@ class PolicyServer(ThreadedServer):
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, *,
                  model_name: str = "policy", max_new_tokens_limit: int = 1024,
-                 seed: int = 0, max_batch: int = 8, admin_key: str | None = None) -> None:
+                 seed: int = 0, max_batch: int = 8,
+                 max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS,
+                 admin_key: str | None = None) -> None:
         self.engine = PolicyEngine(model, tokenizer, model_name=model_name,
                                    max_new_tokens_limit=max_new_tokens_limit, seed=seed,
-                                   max_batch=max_batch)
+                                   max_batch=max_batch, max_cached_tokens=max_cached_tokens)
         self.admin_key = admin_key or new_admin_key()
         super().__init__(create_policy_app(self.engine, self.admin_key), name="orchard-policy")
 
@@ -393,13 +411,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "saved dtype")
     parser.add_argument("--max-new-tokens-limit", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-cached-tokens", type=int, default=DEFAULT_MAX_CACHED_TOKENS,
+                        help="keys and values of earlier sequences kept for prompts that extend "
+                             "them, in tokens (0: none); see prefix_cache.py for the memory")
     parser.add_argument("--admin-key", default=os.environ.get(ADMIN_KEY_ENV),
                         help=f"key POST /v1/load_weights takes (default: ${ADMIN_KEY_ENV}); "
                              "without one, weights are not loaded over HTTP")
     args = parser.parse_args(argv)
     model, tokenizer = load_policy(args.model, dtype=_DTYPES[args.dtype])
     engine = PolicyEngine(model, tokenizer, model_name=args.model_name,
-                          max_new_tokens_limit=args.max_new_tokens_limit, seed=args.seed)
+                          max_new_tokens_limit=args.max_new_tokens_limit, seed=args.seed,
+                          max_cached_tokens=args.max_cached_tokens)
     uvicorn.run(create_policy_app(engine, args.admin_key), host=args.host, port=args.port,
                 log_level="warning")
 
