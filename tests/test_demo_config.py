@@ -6,7 +6,7 @@ import pytest
 import typer
 
 from orchard.cli.demo import demo_config
-from orchard.recipes.demo import DemoConfig
+from orchard.recipes.demo import PRETRAINED_RL_LR, DemoConfig
 
 
 def test_defaults_are_the_demo_config() -> None:
@@ -27,12 +27,12 @@ def test_rl_options_reach_the_config_and_override_a_pretrained_rate() -> None:
     assert (config.rl.bar.n, config.rl.bar.n_max, config.rl.bar.stride) == (8, 16, 16)
     # A pretrained model keeps its own SFT rate; without --rl-lr, RL's too.
     assert config.sft.lr == 2e-4
-    assert demo_config("swe", model="some/model").rl.lr == 1e-6
+    assert demo_config("swe", model="some/model").rl.lr == PRETRAINED_RL_LR
 
 
 def test_a_pretrained_model_gets_the_cpu_sizes_unless_options_say_otherwise() -> None:
     default, sized = DemoConfig(), demo_config("bugfix", model="some/model")
-    assert (sized.n_test, sized.eval_n, sized.rl.steps, sized.sft.max_steps) == (16, 2, 1, 32)
+    assert (sized.n_test, sized.eval_n, sized.rl.steps, sized.sft.max_steps) == (12, 1, 1, 16)
     assert sized.sft.max_steps < default.sft.max_steps
     chosen = demo_config("bugfix", model="some/model", n_train=8, n_test=3, eval_n=5,
                          sft_steps=7, rl_steps=0)

@@ -31,17 +31,17 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seeds the tasks, the model's init, SFT and RL.")
                     ] = 0,
     n_train: Annotated[int | None, typer.Option(
-        min=1, help="Training tasks (default: the demo's, 128).", show_default=False)] = None,
+        min=1, help="Training tasks (default: 128; 64 with --model).", show_default=False)] = None,
     n_test: Annotated[int | None, typer.Option(
-        min=1, help="Held-out tasks (default: 16).", show_default=False)] = None,
+        min=1, help="Held-out tasks (default: 16; 12 with --model).", show_default=False)] = None,
     sft_steps: Annotated[int | None, typer.Option(
-        min=1, help="SFT optimizer steps (default: 400; 32 with --model).",
+        min=1, help="SFT optimizer steps (default: 400; 16 with --model).",
         show_default=False)] = None,
     rl_steps: Annotated[int | None, typer.Option(
         min=0, help="BAR RL steps after SFT (default: 2; 1 with --model).",
         show_default=False)] = None,
     rl_lr: Annotated[float | None, typer.Option(
-        min=0, help="RL's learning rate (default: the demo's, 1e-5; 1e-6 with --model).",
+        min=0, help="RL's learning rate (default: the demo's, 1e-4; 5e-6 with --model).",
         show_default=False)] = None,
     ppo_epochs: Annotated[int | None, typer.Option(
         min=1, help="PPO passes over each RL step's samples (default: the demo's).",
@@ -53,7 +53,7 @@ def demo(
         "--paper-groups", help="BAR groups as in the paper (N=8, Nmax=16, stride 16) instead "
                                "of the demo's (N=4, Nmax=8, stride 4).")] = False,
     eval_n: Annotated[int | None, typer.Option(
-        min=1, help="Samples per held-out task (default: 4; 2 with --model).",
+        min=1, help="Samples per held-out task (default: 4; 1 with --model).",
         show_default=False)] = None,
     domain: Annotated[str, typer.Option(
         help="swe (the generated settings family, mini-swe-agent), bugfix (the bug-fix "

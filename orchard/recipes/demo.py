@@ -68,6 +68,8 @@ from orchard.testing.policies import Policy
 from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
 COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
+PRETRAINED_RL_LR = 5e-6
+"""RL's rate for SmolLM2-135M (full fine-tuning, float32, 4 PPO epochs x 2 minibatches)."""
 
 
 @dataclass
@@ -142,16 +144,19 @@ class DemoConfig:
 
 
 def pretrained(config: DemoConfig) -> DemoConfig:
-    """``config`` for a pretrained policy (``config.model``), sized to run SmolLM2-135M end
-    to end on 2 CPU cores in about an hour (55 min measured): 16 held-out tasks x 2 samples,
-    one RL step of two prompts and 2 PPO epochs. SFT at 2e-4 teaches it the tool-call format:
-    20 steps of 2 teacher conversations took the loss from 1.8 to 0.05, where 3 steps at 1e-5
-    left it writing prose. The tiny model's rate (3e-3) would wreck it in a few steps; RL
-    stays at 1e-6 (not swept for this model)."""
-    return replace(config, n_test=16, eval_n=2,
-                   sft=replace(config.sft, lr=2e-4, epochs=1000, max_steps=32, batch_size=4,
-                               warmup=4),
-                   rl=replace(config.rl, lr=1e-6, steps=1, batch_prompts=2, ppo_epochs=2))
+    """``config`` for a pretrained policy (``config.model``), sized for `make demo`:
+    SmolLM2-135M on the bug-fix family's operator and string bugs, meant to end within 15
+    minutes on 2 CPU cores. 64 training tasks feed the teacher; 12 held-out tasks x 1 sample,
+    the same request seeds at every stage (paired); 4 rollouts at once, decoded together.
+    SFT: 16 steps of batch 4 at 2e-4, the rate that teaches the tool-call format (20 steps of
+    2 teacher conversations took the loss from 1.8 to 0.05, where 3 steps at 1e-5 left it
+    writing prose; the tiny model's 3e-3 would wreck it). RL: one step of 2 prompts, 4 PPO
+    epochs x 2 minibatches at PRETRAINED_RL_LR. Benchmarks set their own sizes."""
+    return replace(config, n_train=64, n_test=12, eval_n=1, mc_max=4, concurrency=4,
+                   sft=replace(config.sft, lr=2e-4, epochs=1000, max_steps=16, batch_size=4,
+                               warmup=2),
+                   rl=replace(config.rl, lr=PRETRAINED_RL_LR, steps=1, batch_prompts=2,
+                              ppo_epochs=4, minibatches=2, concurrency=4))
 
 
 def _stage_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
