@@ -156,11 +156,14 @@ def main() -> int:
     parser.add_argument("--max-cached-tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; on a shared machine two threads wait on each other "
+                             "at every operation and the times measure the scheduler")
     args = parser.parse_args()
     if args.quick:
         args.models, args.rollouts, args.turns, args.rounds = "tiny", 2, 3, 1
         args.hidden, args.layers = 128, 2
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     results: list[dict[str, Any]] = []
     for name in args.models.split(","):
         if name == "tiny":

@@ -33,7 +33,9 @@ prefix_cache.py): a prompt that starts with one runs only the rest through the m
 that is 2 KiB a token for the tiny test Llama, 45 KiB for SmolLM2-135M in float32. New weights
 clear them. Answers are the same as without the cache, up to float error (same seed, same
 tokens; log-probs within 1e-4 of a full forward pass, tests/test_policy_server_cache.py).
-bench/kv_reuse.py measures the speed-up on multi-turn rollouts (see docs/guides/recipes.md).
+On multi-turn rollouts (bench/kv_reuse.py: a 35 M Llama, 3 rollouts of 6 turns, prompts up
+to 2023 tokens, 2 CPUs) it saved 79% of the prompt tokens and gave 2.69x the tokens/s per
+rollout; SmolLM2-135M 1.92x.
 
 Weights change between RL steps: :meth:`PolicyServer.update` (in-process) or
 `POST /v1/load_weights {"path": DIR}` (a trainer in another process saves a model folder, see
