@@ -163,7 +163,7 @@ def main() -> int:
         for arm in ARMS:
             results["first_turn"][arm] = first_turns(configs[arm], tasks[:args.tasks], args,
                                                      tokenizer, policy.url)
-        write_json("base_prompt", args, results)
+            write_json("base_prompt", args, results)  # a slow run keeps each arm's figures
         if not args.rollouts:
             report(args, results)
             return 0
