@@ -69,7 +69,10 @@ from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
 COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 PRETRAINED_RL_LR = 5e-6
-"""RL's rate for SmolLM2-135M (full fine-tuning, float32, 4 PPO epochs x 2 minibatches)."""
+"""RL's rate for SmolLM2-135M (full fine-tuning, float32, 4 PPO epochs x 2 minibatches). Not
+swept yet: 1e-6 with 2 epochs was inert (final-epoch KL 2e-4 to 4e-4), and KL grows about as
+the square of the step, so 5e-6 with twice the epochs is an estimate for KL ~1e-2 until the
+sweep (bench/learning_curve.py --model smollm2 --sweep) replaces it."""
 
 
 @dataclass
