@@ -56,14 +56,15 @@ def test_unknown_harness_domain_and_demo_name_the_choices() -> None:
     with pytest.raises(ValueError, match="no domain 'x'; the domains: assistant, web, harbor, "
                                          "swe"):
         domain("x")
-    with pytest.raises(ValueError, match="no demo domain 'x': swe, bugfix, web, assistant"):
+    with pytest.raises(ValueError,
+                       match="no demo domain 'x': swe, bugfix, bugfix-read, web, assistant"):
         from orchard.domains import demo_domain
 
         demo_domain("x", {})
     assert set(harness_names()) == {"oracle", "teacher", "mini-swe-agent", "web-teacher",
                                     "browser-agent", "assistant-teacher", "assistant",
                                     "harbor-oracle"}
-    assert demo_names() == ["swe", "bugfix", "web", "assistant"]
+    assert demo_names() == ["swe", "bugfix", "bugfix-read", "web", "assistant"]
 
 
 @pytest.mark.parametrize("source", task_set_names())  # every named set of every domain
