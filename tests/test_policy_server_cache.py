@@ -56,12 +56,15 @@ def as_one_batch(server: PolicyServer, asks: list[tuple[list[int], int]]) -> lis
     batcher = server.engine.batcher
     answers: dict[int, dict] = {}
     before = batcher.batches
+    # Every put counts here (the batcher never marks a job done), including the job the
+    # batcher thread may already hold while it waits for the lock.
+    queued = batcher._queue.unfinished_tasks
     with batcher.lock:  # hold the batch back until every request waits
         threads = [threading.Thread(target=lambda i=i, p=p, s=s: answers.update(
             {i: complete(server.url or "", p, s)})) for i, (p, s) in enumerate(asks)]
         for t in threads:
             t.start()
-        assert wait_until(lambda: batcher._queue.qsize() >= len(asks) - 1), \
+        assert wait_until(lambda: batcher._queue.unfinished_tasks - queued == len(asks)), \
             "the requests never reached the batcher"
     for t in threads:
         t.join()
