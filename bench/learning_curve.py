@@ -48,7 +48,7 @@ from common import (  # noqa: E402
     print_table,
     write_json,
 )
-from learning import Clock, rl_setting  # noqa: E402
+from learning import Clock, pct, rl_setting  # noqa: E402
 
 from orchard.domains import demo_domain  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
@@ -256,10 +256,6 @@ def summarize(state: dict[str, Any]) -> dict[str, Any]:
 # --- report ---------------------------------------------------------------------------------
 
 
-def pct(x: float) -> str:
-    return "n/a" if x is None or math.isnan(x) else f"{100 * x:.1f}"
-
-
 def report(args: Any, results: dict[str, Any]) -> None:
     summary = results["summary"]
     if args.sweep:
@@ -391,12 +387,14 @@ def main() -> int:
         args.model = str(smollm2_dir())
     if args.out.exists() and any(args.out.iterdir()) and not (args.resume or args.report_only):
         raise SystemExit(f"{args.out} holds a run: --resume it or give a new --out")
-    args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
+        if not (args.out / "curve.json").is_file():
+            raise SystemExit(f"{args.out} holds no curve.json: give the --out of a run")
         state = json.loads((args.out / "curve.json").read_text())
         publish(args, state, {})
         report(args, {**state, "summary": summarize(state)})
         return 0
+    args.out.mkdir(parents=True, exist_ok=True)
     server = BenchServer()
     with server, SandboxClient(server.url, timeout=600) as client:
         torch.set_num_threads(1)
