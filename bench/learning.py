@@ -70,6 +70,9 @@ def one_seed(args: Any, seed: int, client: SandboxClient, root: Path) -> dict[st
     config = DemoConfig(domain=args.domain, seed=seed, lora_rank=args.lora_rank)
     if args.model:
         config = pretrained(replace(config, model=args.model))
+        # The make-demo preset runs no RL step; an RL arm is this bench's point: one step
+        # unless --rl gives steps.
+        config.rl = replace(config.rl, steps=1)
     config = replace(config, n_train=args.n_train, n_test=args.n_test, eval_n=args.eval_n)
     config.sft = replace(config.sft, seed=seed,
                          max_steps=args.sft_steps or config.sft.max_steps)

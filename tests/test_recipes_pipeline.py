@@ -177,38 +177,42 @@ def test_rl_samples_are_token_exact_and_an_update_moves_the_policy(
     assert more["epochs"][-1]["clip_fraction"] > 0
 
 
-def test_demo_end_to_end(client: SandboxClient, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rl_steps", [1, 0])
+def test_demo_end_to_end(client: SandboxClient, tmp_path: Path, rl_steps: int) -> None:
     config = DemoConfig(
         n_train=6, n_test=2, mc_max=1, mc_k=1, eval_n=1, tiny_hidden=64,
         sft=SFTConfig(epochs=1, batch_size=4, warmup=1),
-        rl=RLConfig(steps=1, batch_prompts=1, bar=BARConfig(n=2, n_max=2, stride=2)))
+        rl=RLConfig(steps=rl_steps, batch_prompts=1, bar=BARConfig(n=2, n_max=2, stride=2)))
     with StageProgress(Console(file=io.StringIO())) as progress:
         results = run_demo(tmp_path, config, client=client, log=lambda _: None,
                            progress=progress)
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["stages"].keys() == {"base", "sft", "sft_rl"}
+    # Without RL steps the pipeline ends at SFT: no RL stage, no evaluation of one.
+    last = "sft_rl" if rl_steps else "sft"
+    assert list(saved["stages"]) == ["base", "sft", "sft_rl"][:3 if rl_steps else 2]
+    assert (tmp_path / "eval-sft_rl").exists() == bool(rl_steps)
     bars = {t.description: t for t in progress.progress.tasks}
     assert list(bars) == ["teacher", "values", "sft_data", "eval_base", "sft", "eval_sft",
-                          "rl", "eval_rl", "rerank"]
+                          *(["rl", "eval_rl"] if rl_steps else []), "rerank"]
     assert bars["eval_base"].total == 2 and bars["teacher"].total == 6
     assert all(t.finished for t in bars.values())
     # Every evaluation drew with the same seeds: stages pair up per task.
-    assert saved["paired"].keys() == {"sft_minus_base", "sft_rl_minus_sft", "sft_rl_minus_base"}
+    assert saved["paired"].keys() == ({"sft_minus_base", "sft_rl_minus_sft", "sft_rl_minus_base"}
+                                      if rl_steps else {"sft_minus_base"})
     assert all(d["units"] == 2 for d in saved["paired"].values())
-    assert saved["paired"]["sft_minus_base"]["mean"] == pytest.approx(
-        saved["stages"]["sft"]["resolved_rate"] - saved["stages"]["base"]["resolved_rate"])
+    for key, d in saved["paired"].items():
+        stage, reference = key.split("_minus_")
+        assert d["mean"] == pytest.approx(saved["stages"][stage]["resolved_rate"]
+                                          - saved["stages"][reference]["resolved_rate"])
     for stage in saved["stages"].values():
         assert stage["rollouts"] == 2 and 0 <= stage["resolved_rate"] <= 1
         assert set(stage["pass_at_k"]) == {"1"}
-    assert saved["margin"]["sft_rl_minus_base"] == pytest.approx(
-        saved["stages"]["sft_rl"]["resolved_rate"] - saved["stages"]["base"]["resolved_rate"])
     assert saved["sft_data"]["examples"] >= 1 and saved["sft"]["steps"] >= 1
-    assert len(saved["rl"]) == 1 and results["seeds"]["rl"] == 0
-    rerank = saved["rerank"]  # best-of-1: every pick is the only candidate
+    assert len(saved.get("rl", [])) == rl_steps and results["seeds"]["rl"] == 0
+    rerank = saved["rerank"]  # best-of-1 over the last stage: every pick is the only one
     assert rerank["n"] == 1 and rerank["tasks"] == 2
     assert rerank["value"] == rerank["random"] == rerank["oracle"] == rerank["likelihood"] \
-        == pytest.approx(
-        saved["stages"]["sft_rl"]["resolved_rate"])
+        == pytest.approx(saved["stages"][last]["resolved_rate"])
     assert rerank["train"]["examples"] >= 6  # the teacher's rollouts, at least
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert client.list_sandboxes() == []

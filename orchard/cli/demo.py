@@ -38,7 +38,8 @@ def demo(
         min=1, help="SFT optimizer steps (default: 400; 16 with --model).",
         show_default=False)] = None,
     rl_steps: Annotated[int | None, typer.Option(
-        min=0, help="BAR RL steps after SFT (default: 2; 1 with --model).",
+        min=0, help="BAR RL steps after SFT (default: 2; 0 with --model, where one step "
+                    "and its evaluation take ~12 minutes on 2 cores).",
         show_default=False)] = None,
     rl_lr: Annotated[float | None, typer.Option(
         min=0, help="RL's learning rate (default: the demo's, 1e-4; 5e-6 with --model).",
@@ -53,7 +54,7 @@ def demo(
         "--paper-groups", help="BAR groups as in the paper (N=8, Nmax=16, stride 16) instead "
                                "of the demo's (N=4, Nmax=8, stride 4).")] = False,
     eval_n: Annotated[int | None, typer.Option(
-        min=1, help="Samples per held-out task (default: 4; 1 with --model).",
+        min=1, help="Samples per held-out task (default: 4; 2 with --model).",
         show_default=False)] = None,
     domain: Annotated[str, typer.Option(
         help="swe (the generated settings family, mini-swe-agent), bugfix (the bug-fix "

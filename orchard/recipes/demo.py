@@ -8,10 +8,11 @@ Stages (each writes under ``out``):
    step, let a teacher that solves with probability ``mc_solve`` carry on ``mc_k`` times).
 3. ``sft.jsonl``: resolved trajectories whole, unresolved ones only inside rise segments.
 4. ``eval-base/``, ``eval-sft/``, ``eval-sft_rl/``: the policy on the held-out tasks
-   (``eval_n`` samples each) before training, after SFT, after SFT + RL; ``rl/``: the RL steps.
+   (``eval_n`` samples each) before training, after SFT, after SFT + RL; ``rl/``: the RL steps
+   (none, and no ``eval-sft_rl/``, when ``rl.steps`` is 0).
 5. Reranking: a value model trained on the graded rollouts of training tasks (teacher, RL)
-   picks one of the ``eval_n`` held-out candidates per task; against a random and an oracle
-   pick.
+   and the policy's own likelihood each pick one of the last stage's ``eval_n`` held-out
+   candidates per task; against a random and an oracle pick.
 6. ``results.json`` (per stage: resolved rate and pass@k on held-out tasks, seeds, wall
    times; the reranking report) and ``learning_curve.png``.
 
@@ -149,16 +150,22 @@ class DemoConfig:
 def pretrained(config: DemoConfig) -> DemoConfig:
     """``config`` for a pretrained policy (``config.model``), sized for `make demo`:
     SmolLM2-135M on the bug-fix family's operator and string bugs, meant to end within 15
-    minutes on 2 CPU cores. 64 training tasks feed the teacher; 12 held-out tasks x 1 sample,
-    the same request seeds at every stage (paired); 4 rollouts at once, decoded together.
-    SFT: 16 steps of batch 4 at 2e-4, the rate that teaches the tool-call format (20 steps of
-    2 teacher conversations took the loss from 1.8 to 0.05, where 3 steps at 1e-5 left it
-    writing prose; the tiny model's 3e-3 would wreck it). RL: one step of 2 prompts, 4 PPO
-    epochs x 2 minibatches at PRETRAINED_RL_LR. Benchmarks set their own sizes."""
-    return replace(config, n_train=64, n_test=12, eval_n=1, mc_max=4, concurrency=4,
+    minutes on 2 CPU cores. 64 training tasks feed the teacher; 12 held-out tasks x 2 samples
+    (two candidates for the rerank stage to pick from), the same request seeds at every stage
+    (paired). 8 rollouts at once: the server decodes them as one batch, 58 tokens/s against
+    32 for 4 (a decoding step reads every float32 weight, so it costs about the same for 1
+    row or 8). SFT: 16 steps of batch 4 at 2e-4, the rate that teaches the tool-call format
+    (20 steps of 2 teacher conversations took the loss from 1.8 to 0.05, where 3 steps at
+    1e-5 left it writing prose; the tiny model's 3e-3 would wreck it).
+
+    No RL step: on 2 cores one step of 2 prompts took 546 s, its held-out evaluation 182 s,
+    and it moved held-out success by 0 of 12 (runs/demo-quiet, 2026-12-06). ``rl.steps``
+    (``orchard demo --rl-steps 1``) adds it: one step of 2 prompts, 4 PPO epochs x 2
+    minibatches at PRETRAINED_RL_LR. Benchmarks set their own sizes."""
+    return replace(config, n_train=64, n_test=12, eval_n=2, mc_max=4, concurrency=8,
                    sft=replace(config.sft, lr=2e-4, epochs=1000, max_steps=16, batch_size=4,
                                warmup=2),
-                   rl=replace(config.rl, lr=PRETRAINED_RL_LR, steps=1, batch_prompts=2,
+                   rl=replace(config.rl, lr=PRETRAINED_RL_LR, steps=0, batch_prompts=2,
                               ppo_epochs=4, minibatches=2, concurrency=4))
 
 
@@ -403,20 +410,22 @@ class Demo:
                                   sft_steps(cfg.sft, len(examples)), "steps")
             self._timed("eval_sft", lambda: self.evaluate_policy(server, "sft"), held_out,
                         "rollouts")
-            rl_log = self._timed("rl", lambda: self.rl(model, server), cfg.rl.steps, "steps")
-            self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"), held_out,
-                        "rollouts")
-        self._timed("rerank", lambda: self.rerank(tokenizer, policy=served))
+            # No RL steps: the pipeline ends at SFT (make demo's 15 minutes hold no RL step
+            # that could move held-out success measurably; see pretrained()).
+            rl_log = []
+            if cfg.rl.steps:
+                rl_log = self._timed("rl", lambda: self.rl(model, server), cfg.rl.steps,
+                                     "steps")
+                self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"),
+                            held_out, "rollouts")
         stages = self.results["stages"]
-        self.results["margin"] = {
-            "sft_rl_minus_base": stages["sft_rl"]["resolved_rate"]
-            - stages["base"]["resolved_rate"],
-            "sft_minus_base": stages["sft"]["resolved_rate"] - stages["base"]["resolved_rate"]}
+        self._timed("rerank", lambda: self.rerank(tokenizer, policy=served,
+                                                  stage=list(stages)[-1]))
         # Every evaluation drew with the same request seeds (eval_seed): pair them by task.
         outcomes = {name: rollout_outcomes(self.out / f"eval-{name}") for name in stages}
         self.results["paired"] = {
             f"{stage}_minus_{ref}": paired_difference([outcomes[stage]], outcomes[ref]).as_dict()
-            for stage, ref in PAIRS}
+            for stage, ref in PAIRS if stage in stages}
         self.results["seeds"] = {"tasks": cfg.seed, "model_init": cfg.seed,
                                  "sft": cfg.sft.seed, "rl": cfg.rl.seed, "serving": cfg.seed}
         (self.out / "results.json").write_text(json.dumps(self.results, indent=2),

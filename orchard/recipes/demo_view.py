@@ -99,7 +99,10 @@ def draw_stages(sft_log: list[dict[str, Any]], rl_log: list[dict[str, Any]],
         twin.plot([s for s, _ in kl], [max(v, 1e-8) for _, v in kl], color="#dd8452",
                   marker="x", label="final-epoch KL")
         twin.set(yscale="log", ylabel="approx KL")
-    b.legend(fontsize=8, loc="upper left")
+    if rl_log:
+        b.legend(fontsize=8, loc="upper left")
+    else:
+        b.text(0.5, 0.5, "no RL steps in this run", ha="center", transform=b.transAxes)
     stages = results["stages"]
     names = list(stages)
     rates = [stages[n]["resolved_rate"] for n in names]
