@@ -32,12 +32,12 @@ def test_rl_options_reach_the_config_and_override_a_pretrained_rate() -> None:
 
 def test_a_pretrained_model_gets_the_cpu_sizes_unless_options_say_otherwise() -> None:
     default, sized = DemoConfig(), demo_config("bugfix", model="some/model")
-    assert (sized.n_test, sized.eval_n, sized.rl.steps, sized.sft.max_steps) == (12, 1, 1, 16)
+    assert (sized.n_test, sized.eval_n, sized.rl.steps, sized.sft.max_steps) == (12, 2, 0, 16)
     assert sized.sft.max_steps < default.sft.max_steps
     chosen = demo_config("bugfix", model="some/model", n_train=8, n_test=3, eval_n=5,
-                         sft_steps=7, rl_steps=0)
+                         sft_steps=7, rl_steps=1)
     assert (chosen.n_train, chosen.n_test, chosen.eval_n, chosen.sft.max_steps,
-            chosen.rl.steps) == (8, 3, 5, 7, 0)
+            chosen.rl.steps) == (8, 3, 5, 7, 1)
     plain = demo_config("swe", n_test=4)
     assert (plain.n_test, plain.eval_n, plain.rl.steps, plain.sft.max_steps) == (
         4, default.eval_n, default.rl.steps, default.sft.max_steps)
