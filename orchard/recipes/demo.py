@@ -27,7 +27,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -132,8 +132,9 @@ class DemoConfig:
     concurrency: int = 2
     threads: int = 1
     """torch intra-op threads while sandboxes run (serving, RL)."""
-    sft_threads: int | None = None
-    """torch intra-op threads for SFT, when nothing else runs; None: every core."""
+    solo_threads: int | None = None
+    """torch intra-op threads for the stages that run alone (SFT, reranking); None: every
+    core."""
     device: str | None = None
     """Where the policy trains and is served ("cpu", "cuda", "cuda:1"); None: cuda when there
     is one, else cpu. The value model follows it."""
@@ -205,6 +206,16 @@ class Demo:
         self.results["seconds"][name] = round(time.monotonic() - started, 2)
         self.log(f"[{name}] done in {self.results['seconds'][name]:.1f} s")
         return value
+
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[None]:
+        """torch on ``solo_threads`` (every core) for a stage that has the machine to itself,
+        then back to ``threads``."""
+        torch.set_num_threads(self.config.solo_threads or len(os.sched_getaffinity(0)))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(self.config.threads)
 
     def _policy_harness(self, server: ServedPolicy) -> Harness:
         """The harness the policy runs in, calling ``server`` through the recording proxy."""
@@ -351,11 +362,8 @@ class Demo:
             ) -> list[dict[str, Any]]:
         """SFT on every core (nothing else runs meanwhile); ``server`` then serves the result."""
         cfg = self.config
-        torch.set_num_threads(cfg.sft_threads or len(os.sched_getaffinity(0)))
-        try:
+        with self._alone():
             log = sft_train(model, examples, cfg.sft, on_step=lambda _: self._advance())
-        finally:
-            torch.set_num_threads(cfg.threads)
         model.eval()
         server.update(model)
         self.results["sft"] = {"steps": len(log), "first_loss": log[0]["loss"],
@@ -419,8 +427,10 @@ class Demo:
                 self._timed("eval_rl", lambda: self.evaluate_policy(server, "sft_rl"),
                             held_out, "rollouts")
         stages = self.results["stages"]
-        self._timed("rerank", lambda: self.rerank(tokenizer, policy=served,
-                                                  stage=list(stages)[-1]))
+        # Nothing else runs now: the value model and the policy's likelihoods get every core.
+        with self._alone():
+            self._timed("rerank", lambda: self.rerank(tokenizer, policy=served,
+                                                      stage=list(stages)[-1]))
         # Every evaluation drew with the same request seeds (eval_seed): pair them by task.
         outcomes = {name: rollout_outcomes(self.out / f"eval-{name}") for name in stages}
         self.results["paired"] = {
