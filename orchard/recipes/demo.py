@@ -70,10 +70,10 @@ from orchard.testing.teacher import FunctionPolicy, TeacherServer
 
 COMPACT_CONFIG = Path(__file__).parent / "data" / "compact.yaml"
 PRETRAINED_RL_LR = 5e-6
-"""RL's rate for SmolLM2-135M (full fine-tuning, float32, 4 PPO epochs x 2 minibatches). Not
-swept yet: 1e-6 with 2 epochs was inert (final-epoch KL 2e-4 to 4e-4), and KL grows about as
-the square of the step, so 5e-6 with twice the epochs is an estimate for KL ~1e-2 until the
-sweep (bench/learning_curve.py --model smollm2 --sweep) replaces it."""
+"""RL's rate for SmolLM2-135M (full fine-tuning, float32, 4 PPO epochs x 2 minibatches).
+Swept from one SFT checkpoint, one BAR step each (bench/results/learning_curve-smollm2-
+sweep.json): final-epoch KL 7.8e-3 at 2e-6, 1.2e-2 at 3.5e-6, 1.3e-2 at 5e-6, clip 0.4-0.5%;
+on the demo's 16-step SFT checkpoints 5e-6 gave KL 3.0e-2 and 3.3e-2, clip 2.3% and 4.1%."""
 
 
 @dataclass
