@@ -300,9 +300,8 @@ class Demo:
                  f"{stage['rollouts']} held-out rollouts, pass@k {stage['pass_at_k']}")
         return stage
 
-    def rerank(self, tokenizer: Any, *, teacher: Path | None = None, rl: str = "rl",
-               stage: str = "sft_rl", policy: torch.nn.Module | None = None
-               ) -> dict[str, Any]:
+    def rerank(self, tokenizer: Any, *, stage: str, teacher: Path | None = None,
+               rl: str = "rl", policy: torch.nn.Module | None = None) -> dict[str, Any]:
         """Best-of-N over the held-out evaluation ``stage``, by a value model trained on the
         graded rollouts of training tasks only (the ``teacher`` run's and those under
         ``rl``), and by the ``policy``'s own mean log-likelihood of each candidate's actions
