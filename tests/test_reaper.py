@@ -17,6 +17,7 @@ import contextlib
 import glob
 import os
 import signal
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -163,6 +164,39 @@ async def test_the_same_id_is_created_again_right_after_its_delete(
     assert wait_until(lambda: not entries(data, "again"))
     await backend.delete("again")
     assert wait_until(lambda: not entries(data, "again") and not cgroup_dirs(data, "again"))
+    assert not claims_under(str(data))
+
+
+async def test_a_create_cancelled_mid_step_leaves_nothing_once_deleted(
+        backend: LocalBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete of a pending sandbox cancels its create (Lifecycle._teardown), then deletes.
+    The cancel lands while the create's cgroup is being made on a thread; that thread must
+    finish before the create undoes its work, or it makes the cgroup after the delete."""
+    data = backend.data_dir
+    entered, release, made = threading.Event(), threading.Event(), threading.Event()
+    real = backend.cgroups.create
+
+    def held(*args: object) -> object:
+        entered.set()
+        release.wait(WAIT_S)  # the test holds the step under way, as a busy host would
+        try:
+            return real(*args)
+        finally:
+            made.set()
+
+    monkeypatch.setattr(backend.cgroups, "create", held)
+    create = asyncio.create_task(backend.create(SandboxSpec(sandbox_id="cut", image="host")))
+    assert await asyncio.to_thread(entered.wait, WAIT_S)
+    create.cancel()
+    asyncio.get_running_loop().call_later(0.2, release.set)
+    with contextlib.suppress(asyncio.CancelledError):
+        await create
+    assert create.cancelled()
+    await backend.delete("cut")
+    assert await asyncio.to_thread(made.wait, WAIT_S)  # the cgroup was made ...
+    # ... and nothing of the sandbox stays: no dir, no cgroup, no reap, no uid claim.
+    assert wait_until(lambda: not cgroup_dirs(data, "cut") and not entries(data, "cut")
+                      and not (data / "sandboxes" / "cut").exists()), cgroup_dirs(data, "cut")
     assert not claims_under(str(data))
 
 

@@ -20,17 +20,17 @@ snapshot/fork can freeze and reuse as a lower layer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from orchard.env.agent.browser_bundle import ensure_browser_bundle
 from orchard.env.agent.bundle import BUNDLE_MOUNT, BundleError, ensure_bundle
@@ -74,6 +74,21 @@ from orchard.env.schema import LimitReport
 log = logging.getLogger("orchard.env")
 SOCKET_NAME = "agent.sock"
 _MAX_UNIX_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+T = TypeVar("T")
+
+
+async def _to_end(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a thread, waited for even when the caller is cancelled. A plain
+    ``to_thread`` returns at the cancel while its thread goes on, so the cleanup after a
+    cancel could run before the thread makes the dir, cgroup or process it should undo."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        # Its result or error no longer matters: the cancel wins.
+        with contextlib.suppress(BaseException):
+            await asyncio.wait([work])
+        raise
 
 
 class LocalBackend:
@@ -212,25 +227,27 @@ class LocalBackend:
                 "use a shorter sandbox_id or a shorter --data-dir")
         # With a disk quota, upper and work are made here and copied into its file system.
         layers = sdir / quota.DISK_DIR if spec.disk and quota.unavailable() is None else sdir
-        if not await asyncio.to_thread(self._make_dir, sdir, layers, image):
-            # Evicted between the pull and now: once more, then it is there.
-            image = await self._resolve(spec)
-            if image.digest is None or self.images.claim(image.digest, sdir) is None:
-                shutil.rmtree(sdir, ignore_errors=True)
-                raise BackendError(f"image {spec.image} was removed from the cache while "
-                                   "the sandbox started; create it again")
-        try:
-            limits = await asyncio.to_thread(
-                self.cgroups.create, spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
-        except (ValueError, CgroupError) as e:
-            shutil.rmtree(sdir, ignore_errors=True)
-            raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
-        # A networked sandbox's slirp4netns exits when this pipe's write end closes; only
-        # the agent (pid 1) keeps that end, so the network goes when the sandbox does.
-        net_r, net_w = os.pipe() if not spec.block_network else (-1, -1)
         token = spec.agent_token or agent_token(self._secret, spec.sandbox_id)
+        net_r = net_w = -1
+        # From the dir on, any failure or cancel (a delete of the pending sandbox) undoes
+        # the launch here, after the step under way has finished.
         try:
-            uid, request, limits["disk"] = await asyncio.to_thread(
+            if not await _to_end(self._make_dir, sdir, layers, image):
+                # Evicted between the pull and now: once more, then it is there.
+                image = await self._resolve(spec)
+                if image.digest is None or self.images.claim(image.digest, sdir) is None:
+                    raise BackendError(f"image {spec.image} was removed from the cache while "
+                                       "the sandbox started; create it again")
+            try:
+                limits = await _to_end(
+                    self.cgroups.create, spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
+            except (ValueError, CgroupError) as e:
+                raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
+            # A networked sandbox's slirp4netns exits when this pipe's write end closes;
+            # only the agent (pid 1) keeps that end, so the network goes when it does.
+            if not spec.block_network:
+                net_r, net_w = os.pipe()
+            uid, request, limits["disk"] = await _to_end(
                 self._prepare_launch, spec, image, sdir, layers)
             if spec.model_proxy:
                 assert spec.session is not None  # check() refused it otherwise
@@ -297,11 +314,11 @@ class LocalBackend:
         never on its pid again."""
         sdir = self._dir(spec.sandbox_id)
         try:
-            netns = await asyncio.to_thread(network.open_netns, agent,
-                                            lambda: self.cgroups.pids(spec.sandbox_id))
+            netns = await _to_end(network.open_netns, agent,
+                                  lambda: self.cgroups.pids(spec.sandbox_id))
             try:
                 await self.egress.install(spec.sandbox_id, netns, spec.egress)
-                self._slirps[spec.sandbox_id] = await asyncio.to_thread(
+                self._slirps[spec.sandbox_id] = await _to_end(
                     network.start_slirp, netns, exit_fd,
                     self.cgroups.procs_files(spec.sandbox_id), sdir / "launch.log",
                     spec.egress is None)
