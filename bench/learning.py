@@ -16,8 +16,9 @@ The JSON is rewritten after every seed, so a run cut short keeps what it measure
         --rl lr=1e-5 --rl lr=3e-5,steps=4 [--values montecarlo none] [--base] [--quick]
 
 An --rl setting is comma-separated key=value changes to the demo's RL: lr, steps, epochs (PPO
-epochs), minibatches, batch (prompts per step), paper=1 (BAR's N=8, Nmax=16, stride 16); ""
-is the demo's own ("rl/demo").
+epochs), minibatches, batch (prompts per step), concurrency (rollouts at once in a round),
+stride (BAR's rollouts a round), paper=1 (BAR's N=8, Nmax=16, stride 16); "" is the demo's own
+("rl/demo").
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
 from orchard.recipes.rl import RLConfig  # noqa: E402
 
 RL_KEYS = {"lr": ("lr", float), "steps": ("steps", int), "epochs": ("ppo_epochs", int),
-           "minibatches": ("minibatches", int), "batch": ("batch_prompts", int)}
+           "minibatches": ("minibatches", int), "batch": ("batch_prompts", int),
+           "concurrency": ("concurrency", int)}
+BAR_KEYS = {"stride": int}
 
 
 def rl_setting(spec: str, base: RLConfig) -> RLConfig:
@@ -60,9 +63,14 @@ def rl_setting(spec: str, base: RLConfig) -> RLConfig:
         elif key in RL_KEYS:
             field, kind = RL_KEYS[key]
             config = replace(config, **{field: kind(value)})
+        elif key in BAR_KEYS:
+            try:
+                config = replace(config, bar=replace(config.bar, **{key: BAR_KEYS[key](value)}))
+            except ValueError as e:
+                raise SystemExit(f"--rl {spec!r}: {e}") from None
         else:
             raise SystemExit(f"--rl {spec!r}: unknown key {key!r}; use "
-                             f"{', '.join([*RL_KEYS, 'paper'])}")
+                             f"{', '.join([*RL_KEYS, *BAR_KEYS, 'paper'])}")
     return config
 
 
