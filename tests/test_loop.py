@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -159,3 +160,24 @@ def test_the_outer_loop_samples_updates_syncs_and_logs(tmp_path: Path) -> None:
                                                     "seconds"))
     logged = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert logged == copy.deepcopy(history)
+
+
+def test_the_update_gets_the_threads_it_asks_for_and_gives_them_back(tmp_path: Path) -> None:
+    model, server = linear(), CountingServer()
+    threads: list[int] = []
+
+    def update(data: list[int]) -> dict:
+        threads.append(torch.get_num_threads())
+        return {}
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for asked in (0, 1, None):
+            train_loop(model, server, 1, sample=lambda step: ([step], {}), update=update,
+                       log=tmp_path / "log.jsonl", update_threads=asked)
+            assert torch.get_num_threads() == 1  # sampling's setting, back after the update
+    finally:
+        torch.set_num_threads(before)
+    # 0 is every core this process may use; None leaves the caller's setting.
+    assert threads == [len(os.sched_getaffinity(0)), 1, 1]

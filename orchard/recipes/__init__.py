@@ -30,7 +30,7 @@ from orchard.recipes.credit import (
 )
 from orchard.recipes.demo import Demo, DemoConfig, pretrained, run_demo
 from orchard.recipes.distill import distill_step, train_distill
-from orchard.recipes.loop import adamw, optimizer_step, train_loop, trainable
+from orchard.recipes.loop import adamw, optimizer_step, torch_threads, train_loop, trainable
 from orchard.recipes.loss import masked_nll, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.models import load_policy, save_policy, smollm2_dir, tiny_llama
 from orchard.recipes.montecarlo import Continuation, MonteCarloAnnotator
@@ -70,5 +70,6 @@ __all__ = [
     "pad_right", "ppo_clip_loss", "policy_update", "pretrained", "rerank_run", "run_demo",
     "save_examples", "save_policy", "select_turns", "sft_train", "shift", "smollm2_dir",
     "tiny_llama", "to_dataset", "token_logprobs", "tokenize_conversation", "train_rl",
-    "adamw", "distill_step", "optimizer_step", "train_distill", "train_loop", "trainable",
+    "adamw", "distill_step", "optimizer_step", "torch_threads", "train_distill", "train_loop",
+    "trainable",
 ]

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +42,7 @@ from orchard.recipes.bar import BARConfig
 from orchard.recipes.credit import RetrospectiveAnnotator
 from orchard.recipes.demo_view import PAIRS, StageProgress, draw_stages
 from orchard.recipes.domains import DemoDomain
+from orchard.recipes.loop import torch_threads
 from orchard.recipes.models import load_policy, tiny_llama, with_lora
 from orchard.recipes.montecarlo import MonteCarloAnnotator
 from orchard.recipes.policy_server.server import PolicyServer
@@ -207,15 +207,9 @@ class Demo:
         self.log(f"[{name}] done in {self.results['seconds'][name]:.1f} s")
         return value
 
-    @contextlib.contextmanager
-    def _alone(self) -> Iterator[None]:
-        """torch on ``solo_threads`` (every core) for a stage that has the machine to itself,
-        then back to ``threads``."""
-        torch.set_num_threads(self.config.solo_threads or len(os.sched_getaffinity(0)))
-        try:
-            yield
-        finally:
-            torch.set_num_threads(self.config.threads)
+    def _alone(self) -> contextlib.AbstractContextManager[None]:
+        """torch on ``solo_threads`` (every core) for a stage that has the machine to itself."""
+        return torch_threads(self.config.solo_threads or 0)
 
     def _policy_harness(self, server: ServedPolicy) -> Harness:
         """The harness the policy runs in, calling ``server`` through the recording proxy."""

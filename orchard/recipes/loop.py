@@ -16,9 +16,11 @@ and logs one record per step.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -75,11 +77,23 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tens
     return float(grad_norm)
 
 
+@contextlib.contextmanager
+def torch_threads(n: int = 0) -> Iterator[None]:
+    """torch on ``n`` intra-op threads while the block runs (0: every core this process may
+    use), then on as many as before. For a CPU stage that has the machine to itself."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or len(os.sched_getaffinity(0)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
                sample: Callable[[int], tuple[Data, dict[str, Any]]],
                update: Callable[[Data], dict[str, Any]], log: Path,
-               on_step: Callable[[dict[str, Any]], None] | None = None, start: int = 0
-               ) -> list[dict[str, Any]]:
+               on_step: Callable[[dict[str, Any]], None] | None = None, start: int = 0,
+               update_threads: int | None = None) -> list[dict[str, Any]]:
     """Steps ``start`` .. ``steps`` - 1 of sample -> update -> sync -> log (``start``: where a
     resumed run picks up); returns one record per step run.
 
@@ -87,7 +101,10 @@ def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
     sampling (``rollout_seconds``), training (``train_seconds``) and in all (``seconds``), and
     the ``weights_version`` the server holds after the sync. A step whose sampling gave no data
     trains on nothing and syncs nothing (e.g. BAR dropped every group). Records are appended
-    to ``log`` as JSON lines as they are made, and handed to ``on_step``."""
+    to ``log`` as JSON lines as they are made, and handed to ``on_step``.
+
+    ``update_threads`` runs ``update`` on that many torch threads (0: every core; None: as
+    set). Sampling is over by then, so on a CPU the update can have the whole machine."""
     history: list[dict[str, Any]] = []
     for step in range(start, steps):
         started = time.monotonic()
@@ -96,7 +113,9 @@ def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
                                   "rollout_seconds": time.monotonic() - started}
         if data:
             trained = time.monotonic()
-            record.update(update(data))
+            with (torch_threads(update_threads) if update_threads is not None
+                  else contextlib.nullcontext()):
+                record.update(update(data))
             record["train_seconds"] = time.monotonic() - trained
             record["weights_version"] = server.update(model)
         else:
@@ -110,4 +129,4 @@ def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
     return history
 
 
-__all__ = ["adamw", "optimizer_step", "train_loop", "trainable"]
+__all__ = ["adamw", "optimizer_step", "torch_threads", "train_loop", "trainable"]

@@ -87,6 +87,9 @@ class RLConfig:
     grad_clip: float = 1.0
     concurrency: int = 2
     """Rollouts at once within a group's round."""
+    update_threads: int | None = 0
+    """torch threads for the policy update: 0 every core (sampling is over, the update has
+    the machine), None as the caller set them (e.g. processes that share the cores)."""
     seed: int = 0
     kl_low: float = 1e-3
     kl_high: float = 0.1
@@ -317,7 +320,8 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
         _checkpoint(out, model, optimizer, rng, record["step"])
 
     return history + train_loop(model, server, config.steps, sample=sample, update=update,
-                                log=out / "rl.jsonl", on_step=after, start=len(history))
+                                log=out / "rl.jsonl", on_step=after, start=len(history),
+                                update_threads=config.update_threads)
 
 
 def _checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
