@@ -17,8 +17,8 @@ The JSON is rewritten after every seed, so a run cut short keeps what it measure
 
 An --rl setting is comma-separated key=value changes to the demo's RL: lr, steps, epochs (PPO
 epochs), minibatches, batch (prompts per step), concurrency (rollouts at once in a round),
-stride (BAR's rollouts a round), paper=1 (BAR's N=8, Nmax=16, stride 16); "" is the demo's own
-("rl/demo").
+kl (the KL penalty's weight), stride (BAR's rollouts a round), paper=1 (BAR's N=8, Nmax=16,
+stride 16); "" is the demo's own ("rl/demo").
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from orchard.recipes.rl import RLConfig  # noqa: E402
 
 RL_KEYS = {"lr": ("lr", float), "steps": ("steps", int), "epochs": ("ppo_epochs", int),
            "minibatches": ("minibatches", int), "batch": ("batch_prompts", int),
-           "concurrency": ("concurrency", int)}
+           "concurrency": ("concurrency", int), "kl": ("kl_coef", float)}
 BAR_KEYS = {"stride": int}
 
 

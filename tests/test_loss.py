@@ -113,6 +113,29 @@ def test_entropy_bonus_lowers_the_loss() -> None:
     assert base.item() - low.item() == pytest.approx(1e-4 * 3.8 / 5)
 
 
+def test_kl_penalty_to_the_reference_matches_hand_computation() -> None:
+    logprobs = tensor(LOGPROBS, grad=True)
+    ref = [[-1.2, -0.5, -5.0], [-0.1, -1.0, -0.9]]
+    args = (tensor(OLD), torch.tensor(ADV, dtype=torch.float64), torch.tensor(MASK))
+    base, stats = ppo_clip_loss(tensor(LOGPROBS), *args)
+    loss, with_ref = ppo_clip_loss(logprobs, *args, ref_logprobs=tensor(ref), kl_coef=0.5)
+    # k3 of KL(new || ref) per trained token: exp(d) - d - 1, d = ref - new.
+    ds = [-0.2, 0.0, 0.2, 0.2, -0.2]
+    k3 = [math.exp(d) - d - 1 for d in ds]
+    assert "ref_kl" not in stats and with_ref["ref_kl"] == pytest.approx(sum(k3) / 5)
+    assert loss.item() == pytest.approx(base.item() + 0.5 * sum(k3) / 5, rel=1e-12)
+    # Without a coefficient the penalty is measured but costs nothing.
+    free, measured = ppo_clip_loss(tensor(LOGPROBS), *args, ref_logprobs=tensor(ref))
+    assert free.item() == base.item() and measured["ref_kl"] == with_ref["ref_kl"]
+    # Its gradient pulls each trained log-prob toward the reference's: d/dnew = 1 - exp(d).
+    penalty_only, _ = ppo_clip_loss(logprobs, tensor(LOGPROBS), torch.zeros(2, dtype=torch.float64),
+                                    torch.tensor(MASK), ref_logprobs=tensor(ref), kl_coef=1.0)
+    penalty_only.backward()
+    grads = [g for g, m in zip(logprobs.grad.flatten().tolist(), sum(MASK, []), strict=True) if m]
+    assert grads == pytest.approx([(1 - math.exp(d)) / 5 for d in ds])
+    assert logprobs.grad[0, 2].item() == 0.0  # the observation still gets nothing
+
+
 def test_no_change_means_no_kl_and_unit_ratio() -> None:
     _, stats = ppo_clip_loss(tensor(LOGPROBS), tensor(LOGPROBS), torch.tensor([1.0, -1.0]),
                              torch.tensor(MASK))

@@ -68,6 +68,7 @@ def test_the_final_epoch_says_how_far_a_step_moved(lr: float, verdict: str | Non
                             "mean_reward": 0.0, "seconds": 3.0, **stats,
                             "warnings": warnings})
     assert "final-epoch KL" in line and line.count("warning:") == len(warnings)
+    assert "KL to the reference" not in line  # no penalty, no reference
 
 
 @pytest.fixture(scope="module")
@@ -84,20 +85,21 @@ def _adam_steps(optimizer_state: dict) -> set[float]:
 def test_a_long_run_resumes_from_its_last_checkpoint(client: SandboxClient,
                                                      tmp_path: Path) -> None:
     """Step 0 runs, then the run "dies" during step 1 (a log line and rollouts of it are left
-    behind). Resuming loads the checkpoint, drops what step 1 left and runs it again."""
+    behind). Resuming loads the checkpoint, drops what step 1 left and runs it again, with
+    the KL penalty still measured against the policy the run started from."""
     tasks = settings_family(n_train=4, n_test=0, seed=5)
     tokenizer = load_tokenizer(TEST_TOKENIZER)
     config = RLConfig(steps=1, batch_prompts=1, oversample=4, lr=1e-3, ppo_epochs=1,
-                      minibatches=1, bar=BARConfig(n=2, n_max=4, stride=2, rho_min=0.5,
-                                                   rho_max=0.5))
+                      minibatches=1, kl_coef=0.05,
+                      bar=BARConfig(n=2, n_max=4, stride=2, rho_min=0.5, rho_max=0.5))
     # The scripted teacher samples (half of its rollouts solve); the tiny policy trains on
     # them and the policy server takes its weights.
     harness = TeacherHarness(tasks, solve=0.5, per_sample=True, seed=3,
                              config=config_from_specs([COMPACT_CONFIG]))
     out = tmp_path / "rl"
 
-    def run(steps: int, resume: bool) -> tuple[list[dict], torch.nn.Module]:
-        model = tiny_llama(tokenizer, hidden_size=32, layers=1, max_positions=4096, seed=0)
+    def run(steps: int, resume: bool, init: int = 0) -> tuple[list[dict], torch.nn.Module]:
+        model = tiny_llama(tokenizer, hidden_size=32, layers=1, max_positions=4096, seed=init)
         served = tiny_llama(tokenizer, hidden_size=32, layers=1, max_positions=4096, seed=0)
         with harness, PolicyServer(served, tokenizer) as server:
             history = train_rl(model, tasks, client, server, out,
@@ -105,8 +107,14 @@ def test_a_long_run_resumes_from_its_last_checkpoint(client: SandboxClient,
                                harness=harness, resume=resume)
         return history, model
 
+    start = tiny_llama(tokenizer, hidden_size=32, layers=1, max_positions=4096,
+                       seed=0).state_dict()
     first, model = run(1, resume=False)
     assert [r["step"] for r in first] == [0] and first[0]["groups"] == 1
+    # The reference is the starting policy, kept for a resume; the step measured KL to it.
+    reference = torch.load(out / "reference.pt", weights_only=True)
+    assert all(torch.equal(reference[k], v) for k, v in start.items())
+    assert first[0]["ref_kl"] >= 0 and "ref_kl" in first[0]["first_epoch"]
     saved = torch.load(out / "checkpoint.pt", weights_only=True)
     assert saved["step"] == 0 and _adam_steps(saved["optimizer"]) == {1.0}
     assert all(torch.equal(saved["model"][k], v) for k, v in model.state_dict().items())
@@ -118,7 +126,9 @@ def test_a_long_run_resumes_from_its_last_checkpoint(client: SandboxClient,
     (out / "step-001" / "round-0001").mkdir(parents=True)
     (out / "step-001" / "round-0001" / "stale").write_text("from the dead run")
 
-    history, _ = run(2, resume=True)
+    # Resumed with another initial model: the checkpoint replaces its weights, and the
+    # reference comes from reference.pt, not from it.
+    history, _ = run(2, resume=True, init=1)
     assert [r["step"] for r in history] == [0, 1] and history[0] == first[0]
     logged = [json.loads(line) for line in (out / "rl.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [0, 1] and "left" not in logged[1]
@@ -126,5 +136,8 @@ def test_a_long_run_resumes_from_its_last_checkpoint(client: SandboxClient,
     saved = torch.load(out / "checkpoint.pt", weights_only=True)
     # The optimizer went on from step 0's state: two Adam steps in all, not one.
     assert saved["step"] == 1 and _adam_steps(saved["optimizer"]) == {2.0}
+    reference = torch.load(out / "reference.pt", weights_only=True)
+    assert all(torch.equal(reference[k], v) for k, v in start.items())
+    assert history[1]["ref_kl"] > 0  # the policy has left the reference by step 1
     assert not list(out.glob("*.part"))
     assert client.list_sandboxes() == []

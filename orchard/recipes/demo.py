@@ -445,6 +445,8 @@ def step_line(name: str, record: dict[str, Any]) -> str:
     if "approx_kl" in record:
         line += (f", final-epoch KL {record['approx_kl']:.1e}, clip "
                  f"{record['clip_fraction']:.1%}")
+    if "ref_kl" in record:
+        line += f", KL to the reference {record['ref_kl']:.1e}"
     line += f", {record['seconds']:.0f} s"
     return "\n".join([line, *(f"  warning: {w}" for w in record.get("warnings", ()))])
 

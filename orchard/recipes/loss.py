@@ -158,20 +158,25 @@ def ppo_clip_loss(
     entropy: Tensor | None = None,
     entropy_coef: float = 1e-4,
     num_tokens: float | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The PPO clipped surrogate with an entropy bonus, no KL term.
+    """The PPO clipped surrogate with an entropy bonus and, with ``ref_logprobs``, GRPO's KL
+    penalty to a reference policy.
 
     ratio = exp(logprobs - old_logprobs); per token min(ratio * A, clip(ratio, 1 - clip_low,
-    1 + clip_high) * A); loss = -(token mean of that) - entropy_coef * (token mean of entropy).
-    ``logprobs``, ``old_logprobs``, ``mask`` (and ``entropy``) are [B, T] on the same grid;
-    ``advantages`` is [B] (one per sequence, broadcast over its tokens, as GRPO does) or
-    [B, T]. ``num_tokens`` as in ``masked_nll``.
+    1 + clip_high) * A); loss = -(token mean of that) - entropy_coef * (token mean of entropy)
+    + kl_coef * (token mean of exp(d) - d - 1, d = ref_logprobs - logprobs: the k3 estimate
+    of KL(new || ref), as DeepSeekMath's GRPO). ``logprobs``, ``old_logprobs``, ``mask`` (and
+    ``entropy``, ``ref_logprobs``) are [B, T] on the same grid; ``advantages`` is [B] (one per
+    sequence, broadcast over its tokens, as GRPO does) or [B, T]. ``num_tokens`` as in
+    ``masked_nll``.
 
     Stats (floats, over the masked tokens): clip_fraction (share of tokens whose objective the
     clip cut, so they get no gradient), ratio_mean, approx_kl (mean of (ratio - 1) - log ratio,
     the k3 estimator of KL(old || new)), ratio_sq_mean (the ratio's second moment: its spread
-    is sqrt(ratio_sq_mean - ratio_mean ** 2), pooled exactly across micro-batches), and
-    entropy when given."""
+    is sqrt(ratio_sq_mean - ratio_mean ** 2), pooled exactly across micro-batches), entropy
+    when given, and ref_kl (that KL estimate) with ``ref_logprobs``."""
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [batch, tokens], got shape {tuple(logprobs.shape)}")
     if not 0 <= clip_low < 1 or clip_high < 0:
@@ -181,6 +186,8 @@ def ppo_clip_loss(
     _check_shape("old_logprobs", old_logprobs, logprobs.shape)
     if entropy is not None:
         _check_shape("entropy", entropy, logprobs.shape)
+    if ref_logprobs is not None:
+        _check_shape("ref_logprobs", ref_logprobs, logprobs.shape)
     if advantages.shape == logprobs.shape[:1]:
         advantages = advantages.unsqueeze(1)
     elif advantages.shape != logprobs.shape:
@@ -197,6 +204,11 @@ def ppo_clip_loss(
     loss = -_masked_sum(objective, mask) / count
     if entropy is not None:
         loss = loss - entropy_coef * _masked_sum(entropy, mask) / count
+    ref_kl = None
+    if ref_logprobs is not None:
+        to_ref = torch.where(mask, ref_logprobs.detach().to(logprobs.dtype) - logprobs, 0.0)
+        ref_kl = to_ref.exp() - to_ref - 1
+        loss = loss + kl_coef * _masked_sum(ref_kl, mask) / count
 
     with torch.no_grad():
         stats = {
@@ -207,4 +219,6 @@ def ppo_clip_loss(
         }
         if entropy is not None:
             stats["entropy"] = entropy[mask].mean().item()
+        if ref_kl is not None:
+            stats["ref_kl"] = ref_kl[mask].mean().item()
     return loss, stats

@@ -22,6 +22,7 @@ update -> sync -> log) is ``loop.train_loop``, the one distillation runs too.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import random
@@ -78,6 +79,9 @@ class RLConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     entropy_coef: float = 1e-4
+    kl_coef: float = 0.0
+    """Weight of GRPO's KL penalty to the policy RL started from (DeepSeekMath used 0.04).
+    0 leaves it out, as DAPO does; the reference model then is never built."""
     ppo_epochs: int = 4
     """Passes over each step's samples. More than one reuses the rollouts off-policy, so the
     ratio leaves 1 and the clip bounds how far a batch moves the policy."""
@@ -187,8 +191,8 @@ def _trained_tokens(samples: Sequence[tuple[Sample, Advantage]]) -> int:
 
 
 def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    part: Sequence[tuple[Sample, Advantage]], config: RLConfig, pad_id: int
-                    ) -> dict[str, float]:
+                    part: Sequence[tuple[Sample, Advantage]], config: RLConfig, pad_id: int,
+                    reference: torch.nn.Module | None) -> dict[str, float]:
     """One optimizer step on ``part`` (gradient accumulated over micro-batches, the loss a
     mean over its trained tokens); its stats, token-weighted."""
     total = _trained_tokens(part)
@@ -202,12 +206,18 @@ def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             mask = shift(b["mask"])
             logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"],
                                                mask=mask)
+            ref = None
+            if reference is not None:
+                with torch.no_grad():
+                    ref, _ = token_logprobs(reference, b["input_ids"], b["attention_mask"],
+                                            mask=mask, entropy=False)
             # Divided by the whole minibatch's token count, not this micro-batch's: the
             # accumulated gradient is then that of the minibatch's token mean.
             loss, stats = ppo_clip_loss(
                 logprobs, shift(b["old"]), shift(b["advantages"]), mask,
                 clip_low=config.clip_low, clip_high=config.clip_high, entropy=entropy,
-                entropy_coef=config.entropy_coef, num_tokens=total)
+                entropy_coef=config.entropy_coef, num_tokens=total, ref_logprobs=ref,
+                kl_coef=config.kl_coef)
             weight = mask.sum().item() / total
             for key, value in {"loss": loss.item() / weight, **stats}.items():
                 sums[key] = sums.get(key, 0.0) + value * weight
@@ -220,8 +230,8 @@ def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                  samples: Sequence[tuple[Sample, Advantage]], config: RLConfig, pad_id: int
-                  ) -> dict[str, Any]:
+                  samples: Sequence[tuple[Sample, Advantage]], config: RLConfig, pad_id: int,
+                  reference: torch.nn.Module | None = None) -> dict[str, Any]:
     """PPO on (sample, advantage) pairs, an advantage per sample or per token:
     ``config.ppo_epochs`` shuffled passes, each split into ``config.minibatches`` optimizer
     steps. Only the very first step is on-policy; after
@@ -232,7 +242,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     one that sampled, as measured before each of that epoch's optimizer steps (one epoch of
     one minibatch is on-policy, so it shows no movement). Also ``first_epoch`` (its first
     minibatch is the on-policy check), ``epochs`` (each epoch's stats, token-weighted over
-    its minibatches), ``tokens`` and ``optimizer_steps``."""
+    its minibatches), ``tokens`` and ``optimizer_steps``. With a ``reference`` policy (and
+    ``config.kl_coef``), the loss holds the KL penalty to it, and the stats its ``ref_kl``."""
     trained = [(s, a) for s, a in samples if _trained_tokens([(s, a)])]
     if not trained:
         raise ValueError("no sample has a trained token with a log-prob: did the model server "
@@ -245,7 +256,8 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         order = list(trained)
         rng.shuffle(order)
         size = -(-len(order) // min(config.minibatches, len(order)))
-        parts = [_minibatch_step(model, optimizer, order[i:i + size], config, pad_id)
+        parts = [_minibatch_step(model, optimizer, order[i:i + size], config, pad_id,
+                                 reference if config.kl_coef else None)
                  for i in range(0, len(order), size)]
         steps += len(parts)
         tokens = sum(p["tokens"] for p in parts)
@@ -295,10 +307,11 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
     rng = random.Random(config.seed)
     pad_id = pad_id_of(model)
     optimizer = adamw(model, config.lr)
-    history = _restore(out, model, optimizer, rng, server) if resume else []
     if not resume and (out / "rl.jsonl").exists():
         raise ValueError(f"{out} already holds an RL run (rl.jsonl); resume it (resume=True, "
                          f"--resume) or give a new folder")
+    reference = _reference(out, model) if config.kl_coef else None
+    history = _restore(out, model, optimizer, rng, server) if resume else []
 
     def sample(step: int) -> tuple[list[tuple[Sample, Advantage]], dict[str, Any]]:
         sampler = PolicySampler(client, harness, out / f"step-{step:03d}",
@@ -307,7 +320,7 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
         return sample_groups(tasks, sampler, rng, config)
 
     def update(pairs: list[tuple[Sample, Advantage]]) -> dict[str, Any]:
-        stats = policy_update(model, optimizer, pairs, config, pad_id)
+        stats = policy_update(model, optimizer, pairs, config, pad_id, reference)
         if warnings := step_warnings(stats, config):
             stats["warnings"] = warnings
             for warning in warnings:
@@ -322,6 +335,20 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
     return history + train_loop(model, server, config.steps, sample=sample, update=update,
                                 log=out / "rl.jsonl", on_step=after, start=len(history),
                                 update_threads=config.update_threads)
+
+
+def _reference(out: Path, model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of the policy RL started from, for the KL penalty. Its weights are kept
+    in out/reference.pt, so a resumed run measures KL to the same policy."""
+    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    path = out / "reference.pt"
+    if path.exists():
+        reference.load_state_dict(torch.load(path, weights_only=True))
+    else:
+        part = out / "reference.pt.part"
+        torch.save(reference.state_dict(), part)
+        part.replace(path)
+    return reference
 
 
 def _checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
