@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -326,6 +327,18 @@ class StartStop:
         self.stop()
 
 
+def _unwind_on_signals() -> dict[int, Any]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread from now on, so a bench
+    stopped either way unwinds through its servers' stop. A bench started in the background
+    by a script inherits SIGINT ignored, and a plain SIGTERM kills it without unwinding,
+    which leaves the orchestrator (its own session) and the temp dir behind. Returns the
+    handlers it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, signal.default_int_handler)
+            for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
 class BenchServer(StartStop):
     """``serve(...)`` in a child process, with a private data dir; a context manager.
 
@@ -355,8 +368,10 @@ class BenchServer(StartStop):
         self.config_path: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.leaks: dict[str, Any] = {}
+        self._handlers: dict[int, Any] = {}
 
     def start(self) -> str:
+        self._handlers = _unwind_on_signals()
         config = ""
         if self.settings:
             self.config_path = self.tmp / "config.yaml"
@@ -439,6 +454,10 @@ class BenchServer(StartStop):
         remove_group_dirs(self.data_dir)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.leaks["data_dir_removed"] = not self.tmp.exists()
+        for sig, handler in self._handlers.items():
+            if handler is not None:  # None: set outside Python, so it cannot be put back
+                signal.signal(sig, handler)
+        self._handlers = {}
         return self.leaks
 
 
