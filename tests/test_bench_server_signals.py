@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import needs_root, wait_until
+from tests.test_reaper import alive
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = f"""
@@ -27,13 +28,6 @@ try:
 except KeyboardInterrupt:
     print("interrupted", flush=True)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
 
 
 @needs_root
