@@ -103,6 +103,14 @@ def free_port() -> int:
 WAIT_S = 30.0
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs: a zombie has ended, it only awaits its reaping."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = WAIT_S,
                interval: float = 0.05) -> bool:
     """Whether ``predicate()`` came true within ``timeout`` seconds, polled every ``interval``.

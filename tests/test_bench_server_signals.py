@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import needs_root, wait_until
-from tests.test_reaper import alive
+from tests.conftest import alive, needs_root, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = f"""

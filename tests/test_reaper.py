@@ -30,6 +30,7 @@ from orchard.env.backends.local.host_state import cgroup_group
 from orchard.env.backends.local.reaper import FILES, SEP
 from tests.conftest import (
     WAIT_S,
+    alive,
     create_ready,
     free_port,
     needs_root,
@@ -85,13 +86,6 @@ def entries(data_dir: Path, sid: str) -> list[Path]:
 
 def cgroup_dirs(data_dir: Path, sid: str | None = None) -> list[str]:
     return glob.glob(f"/sys/fs/cgroup/*/{cgroup_group(data_dir)}/{sid or '*'}/")
-
-
-def alive(pid: int) -> bool:
-    try:
-        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
 
 
 def left_of(data_dir: Path, sid: str, agent: int) -> dict[str, object]:
