@@ -25,7 +25,9 @@ build_python() {
     fi
     local work
     work=$(mktemp -d /tmp/orchard-py313.XXXXXX)
-    trap 'rm -rf "$work"' EXIT
+    # Expanded now, not at exit: by then this function's local is gone, and set -u would fail
+    # the whole script on it (and leave the build directory behind).
+    trap "rm -rf '$work'" EXIT
     # A deb-src list of its own, so the machine's apt configuration is left as it was.
     mkdir -p "$work/parts" "$work/lists/partial"
     cat >"$work/parts/trixie-src.sources" <<'EOF'
