@@ -17,7 +17,8 @@ The JSON is rewritten after every seed, so a run cut short keeps what it measure
 
 An --rl setting is comma-separated key=value changes to the demo's RL: lr, steps, epochs (PPO
 epochs), minibatches, batch (prompts per step), concurrency (rollouts at once in a round),
-kl (the KL penalty's weight), stride (BAR's rollouts a round), paper=1 (BAR's N=8, Nmax=16,
+kl (the KL penalty's weight), format (the reward of an unsolved rollout that ended in format
+errors, in place of -1), stride (BAR's rollouts a round), paper=1 (BAR's N=8, Nmax=16,
 stride 16); "" is the demo's own ("rl/demo").
 """
 
@@ -49,7 +50,8 @@ from orchard.recipes.rl import RLConfig  # noqa: E402
 
 RL_KEYS = {"lr": ("lr", float), "steps": ("steps", int), "epochs": ("ppo_epochs", int),
            "minibatches": ("minibatches", int), "batch": ("batch_prompts", int),
-           "concurrency": ("concurrency", int), "kl": ("kl_coef", float)}
+           "concurrency": ("concurrency", int), "kl": ("kl_coef", float),
+           "format": ("format_failure_reward", float)}
 BAR_KEYS = {"stride": int}
 
 

@@ -399,6 +399,33 @@ def test_harness_exits_map_to_bar_statuses(exit_status: str, failed: bool, statu
     assert rollout_status(result) == status
 
 
+def test_a_format_failure_reward_ranks_a_derailment_below_a_wrong_fix() -> None:
+    from orchard.eval.results import RolloutResult
+    from orchard.recipes.rl import rollout_reward
+    from orchard.tasks.protocol import Grade
+
+    def result(exit_status: str, resolved: bool, graded: bool = True) -> RolloutResult:
+        return RolloutResult(run_id="r", rollout_id=exit_status, instance_id="t", sample=0,
+                             harness="h", exit_status=exit_status, resolved=resolved,
+                             reward=1.0 if resolved else -1.0,
+                             grade=Grade(instance_id="t", resolved=resolved,
+                                         reward=1.0 if resolved else -1.0, outcome="graded")
+                             if graded else None)
+
+    solved, wrong = result("Submitted", True), result("Submitted", False)
+    derailed = result("RepeatedFormatError", False)
+    # By default both failures earn the grade's -1, so GRPO cannot tell them apart.
+    assert [rollout_reward(r) for r in (solved, wrong, derailed)] == [1.0, -1.0, -1.0]
+    shaped = [rollout_reward(r, -2.0) for r in (solved, wrong, derailed)]
+    assert shaped == [1.0, -1.0, -2.0]
+    advantages = grpo_advantages(shaped)
+    assert advantages[0] > 0 > advantages[1] > advantages[2]
+    # Only the format failure changes: a solved rollout keeps its reward whatever it ended
+    # with, and an ungraded one still has none.
+    assert rollout_reward(result("RepeatedFormatError", True), -2.0) == 1.0
+    assert rollout_reward(result("RepeatedFormatError", False, graded=False), -2.0) is None
+
+
 def test_time_exceeded_rollouts_stay_in_the_baseline_but_are_not_trained_on() -> None:
     from orchard.recipes.rl import training_pairs
 

@@ -19,10 +19,11 @@ BASE = RLConfig(bar=BARConfig(n=4, n_max=8, stride=4), concurrency=4)
 
 
 def test_each_key_lands_on_its_field() -> None:
-    config = rl_setting("lr=5e-6,epochs=2,minibatches=1,batch=3,concurrency=8,kl=0.04,stride=8",
-                        BASE)
+    config = rl_setting("lr=5e-6,epochs=2,minibatches=1,batch=3,concurrency=8,kl=0.04,stride=8,"
+                        "format=-2", BASE)
     assert (config.lr, config.ppo_epochs, config.minibatches, config.batch_prompts,
-            config.concurrency, config.kl_coef) == (5e-6, 2, 1, 3, 8, 0.04)
+            config.concurrency, config.kl_coef, config.format_failure_reward
+            ) == (5e-6, 2, 1, 3, 8, 0.04, -2.0)
     assert config.bar == BARConfig(n=4, n_max=8, stride=8)
     assert rl_setting("", BASE) == BASE and rl_setting("paper=1", BASE).bar == BARConfig.paper()
 

@@ -141,10 +141,17 @@ def test_rl_samples_are_token_exact_and_an_update_moves_the_policy(
     with PolicyServer(served, tokenizer, seed=0) as server:
         harness = MiniSweAgentHarness(server.url, "policy", config=agent_config,
                                       render_with=TEST_TOKENIZER)
-        rollouts = PolicySampler(client, harness, tmp_path)(family[0], 2)
+        rollouts = PolicySampler(client, harness, tmp_path, seed=0)(family[0], 2)
+        shaped = PolicySampler(client, harness, tmp_path / "shaped", seed=0,
+                               format_failure_reward=-2.0)(family[0], 2)
     samples = [s for r in rollouts for s in r.payload[1]]
     assert len(rollouts) == 2 and samples
     assert all(r.reward == -1.0 and r.status == "completed" for r in rollouts)
+    # The untrained policy writes no valid tool call, so mini-swe-agent gives up on format
+    # errors; the same seeds give the same rollouts, and the shaped reward replaces the -1.
+    assert [r.payload[0].exit_status for r in shaped] == ["RepeatedFormatError"] * 2
+    assert [r.reward for r in shaped] == [-2.0, -2.0]
+    assert [s.input_ids for r in shaped for s in r.payload[1]] == [s.input_ids for s in samples]
     # Every token the policy produced carries the log-prob it was sampled with, and those are
     # what the trainer computes for the same tokens: on-policy, the first ratio is 1.
     for s in samples:

@@ -62,7 +62,8 @@ log = logging.getLogger(__name__)
 # defined cannot be trusted to mean the rollout ran to its end. mini-swe-agent's
 # RepeatedFormatError is the policy's own doing (malformed turns until it gave up), so it is
 # an ending to learn from.
-_STATUS = {"Submitted": "completed", "RepeatedFormatError": "completed",
+FORMAT_FAILURE = "RepeatedFormatError"
+_STATUS = {"Submitted": "completed", FORMAT_FAILURE: "completed",
            "LimitsExceeded": "truncated", "TimeExceeded": "time_exceeded"}
 
 
@@ -95,6 +96,10 @@ class RLConfig:
     """torch threads for the policy update: 0 every core (sampling is over, the update has
     the machine), None as the caller set them (e.g. processes that share the cores)."""
     seed: int = 0
+    format_failure_reward: float | None = None
+    """The reward of an unsolved rollout that ended in format errors, in place of the grade's.
+    None keeps the grade's (-1, as for a wrong fix). Below -1 (e.g. -2), a group ranks a
+    well-formed wrong fix above a derailment, so GRPO pushes format failures down harder."""
     kl_low: float = 1e-3
     kl_high: float = 0.1
     """A step whose final-epoch approx KL falls outside [kl_low, kl_high] gets a warning:
@@ -108,16 +113,31 @@ def rollout_status(result: RolloutResult) -> str:
     return _STATUS.get(result.exit_status, "aborted")
 
 
+def rollout_reward(result: RolloutResult, format_failure_reward: float | None = None
+                   ) -> float | None:
+    """The reward RL sees: the grade's (with a rubric judge, base + 0.5 J), None when the
+    rollout was never graded. With ``format_failure_reward``, an unsolved rollout that ended
+    in format errors gets that instead."""
+    if result.grade is None:
+        return None
+    if (format_failure_reward is not None and result.exit_status == FORMAT_FAILURE
+            and not result.resolved):
+        return format_failure_reward
+    return result.reward
+
+
 class PolicySampler:
     """``sampler(task, k)``: k new rollouts of ``task`` by the policy behind ``harness``, each
     graded; a rollout's payload is (its RolloutResult, its training samples). With ``seed``,
     each round's requests are seeded from it and the round's number, so a run samples the
-    same rollouts again (a resumed step too), and no two rounds share seeds."""
+    same rollouts again (a resumed step too), and no two rounds share seeds. Rewards are
+    ``rollout_reward``'s."""
 
     def __init__(self, client: SandboxClient, harness: Harness, out: Path, *,
-                 concurrency: int = 2, seed: int | None = None) -> None:
+                 concurrency: int = 2, seed: int | None = None,
+                 format_failure_reward: float | None = None) -> None:
         self.client, self.harness, self.out, self.concurrency = client, harness, out, concurrency
-        self.seed = seed
+        self.seed, self.format_failure_reward = seed, format_failure_reward
         self.rounds = 0
 
     def __call__(self, task: Task, k: int) -> list[Rollout]:
@@ -129,9 +149,8 @@ class PolicySampler:
                                   max_attempts=2, sampling_seed=None if self.seed is None
                                   else stable_seed(self.seed, self.rounds)),
                  on_result=results.append)
-        # The reward is the grade's: with a rubric judge, base + 0.5 J; BAR balances the
-        # groups on whether the task was solved.
-        return [Rollout(reward=r.reward if r.grade is not None else None,
+        # BAR balances the groups on whether the task was solved, whatever the reward.
+        return [Rollout(reward=rollout_reward(r, self.format_failure_reward),
                         status=rollout_status(r), payload=(r, self._samples(out, r)),
                         success=r.resolved if r.grade is not None else None)
                 for r in sorted(results, key=lambda r: r.sample)]
@@ -316,7 +335,8 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
     def sample(step: int) -> tuple[list[tuple[Sample, Advantage]], dict[str, Any]]:
         sampler = PolicySampler(client, harness, out / f"step-{step:03d}",
                                 concurrency=config.concurrency,
-                                seed=stable_seed("rl", config.seed, step))
+                                seed=stable_seed("rl", config.seed, step),
+                                format_failure_reward=config.format_failure_reward)
         return sample_groups(tasks, sampler, rng, config)
 
     def update(pairs: list[tuple[Sample, Advantage]]) -> dict[str, Any]:
@@ -420,5 +440,6 @@ def sample_groups(tasks: Sequence[Task], sampler: Callable[[Task, int], list[Rol
         "samples": len(pairs)}
 
 
-__all__ = ["Advantage", "PolicySampler", "RLConfig", "policy_update", "rollout_status",
-           "sample_groups", "step_warnings", "train_rl", "training_pairs"]
+__all__ = ["FORMAT_FAILURE", "Advantage", "PolicySampler", "RLConfig", "policy_update",
+           "rollout_reward", "rollout_status", "sample_groups", "step_warnings", "train_rl",
+           "training_pairs"]
