@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from orchard.eval.paired import paired_difference, task_shares
+from orchard.eval.paired import paired_difference, pooled_difference, task_shares
 
 
 def test_units_are_tasks_and_runs_pool() -> None:
@@ -38,3 +38,14 @@ def test_a_consistent_gain_is_significant_and_missing_tasks_are_left_out() -> No
     assert not paired_difference([{"t0/0": True}], reference).significant  # one unit
     with pytest.raises(ValueError, match="share no task"):
         paired_difference([{"x/0": True}], reference)
+
+
+def test_pairs_with_their_own_references_pool() -> None:
+    # Two seeds of two arms: each seed of arm B is paired with the same seed of arm A.
+    a0, b0 = {"t0/0": False, "t1/0": True}, {"t0/0": True, "t1/0": True}
+    a1, b1 = {"t0/0": True, "t1/0": True}, {"t0/0": True, "t1/0": False}
+    pooled = pooled_difference([(b0, a0), (b1, a1)])
+    assert pooled.units == 4 and pooled.mean == pytest.approx(0.0)  # +1, 0, 0, -1
+    assert paired_difference([b0], a0) == pooled_difference([(b0, a0)])
+    with pytest.raises(ValueError, match="share no task"):
+        pooled_difference([])

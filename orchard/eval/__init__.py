@@ -17,7 +17,12 @@ from orchard.eval.harness import (
     RolloutContext,
     ScriptedTeacher,
 )
-from orchard.eval.paired import PairedDifference, paired_difference, rollout_outcomes
+from orchard.eval.paired import (
+    PairedDifference,
+    paired_difference,
+    pooled_difference,
+    rollout_outcomes,
+)
 from orchard.eval.report import compare_tables, draw_chart, run_table
 from orchard.eval.results import (
     Failure,
@@ -49,6 +54,7 @@ __all__ = [
     "load_summary",
     "paired_difference",
     "pass_at_k",
+    "pooled_difference",
     "read_results",
     "rollout_outcomes",
     "run_table",

@@ -59,9 +59,16 @@ class PairedDifference:
 def paired_difference(runs: Sequence[Outcomes], reference: Outcomes) -> PairedDifference:
     """The paired difference of ``runs`` (one or more, each against ``reference``) on the
     tasks both have. A task missing from the reference is left out, not guessed."""
-    ref = task_shares(reference)
-    diffs = [share - ref[task] for outcomes in runs
-             for task, share in task_shares(outcomes).items() if task in ref]
+    return pooled_difference([(run, reference) for run in runs])
+
+
+def pooled_difference(pairs: Sequence[tuple[Outcomes, Outcomes]]) -> PairedDifference:
+    """The paired difference over (run, its reference) pairs, units pooled: e.g. two arms of
+    an RL curve, seed by seed, each seed's arm B against its arm A."""
+    diffs: list[float] = []
+    for run, reference in pairs:
+        ref = task_shares(reference)
+        diffs += [share - ref[task] for task, share in task_shares(run).items() if task in ref]
     if not diffs:
         raise ValueError("the runs and the reference share no task: were they evaluated on "
                          "the same tasks?")
@@ -69,5 +76,5 @@ def paired_difference(runs: Sequence[Outcomes], reference: Outcomes) -> PairedDi
     return PairedDifference(statistics.fmean(diffs), se, len(diffs))
 
 
-__all__ = ["Outcomes", "PairedDifference", "paired_difference", "rollout_outcomes",
-           "task_shares"]
+__all__ = ["Outcomes", "PairedDifference", "paired_difference", "pooled_difference",
+           "rollout_outcomes", "task_shares"]

@@ -174,7 +174,7 @@ def _stage_summary(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
     overall = summary["overall"]
     return {"resolved_rate": overall["resolved_rate"], "pass_at_k": overall["pass_at_k"],
             "rollouts": overall["rollouts"], "failures": overall.get("failures", {}),
-            "seconds": seconds}
+            "exit_statuses": overall.get("exit_statuses", {}), "seconds": seconds}
 
 
 class Demo:
