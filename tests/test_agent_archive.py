@@ -224,23 +224,26 @@ def children_of(pid: int) -> set[int]:
 
 async def test_signal_stops_and_continues_every_process(agent: AgentClient,
                                                         tmp_path: Path) -> None:
-    counter = tmp_path / "count"
-    # A shell that forks a counting loop into the background: both must stop.
-    script = (f"(while :; do echo x >> {counter}; sleep 0.02; done) & "
-              "while :; do sleep 0.05; done")
+    counter, loop_pidfile = tmp_path / "count", tmp_path / "loop.pid"
+    # A shell that starts a counting loop in the background: both must stop. The loop writes
+    # its own pid. Picking it among the shell's children by name would race with the
+    # shell's short-lived forks for each sleep, which carry the shell's name until they exec.
+    script = (f"sh -c 'echo $$ > {loop_pidfile}; while :; do echo x >> {counter}; "
+              f"sleep 0.02; done' & while :; do sleep 0.05; done")
     info = await agent.start_process({"command": script, "cwd": str(tmp_path)})
     try:
         shell = info["pid"]
-        assert wait_until(lambda: counter.exists() and len(children_of(shell)) >= 2), \
-            "the counting loop never started"
-        # The backgrounded subshell is a fork of the shell: the child with the shell's name.
-        loop_pid = next(p for p in children_of(shell)
-                        if Path(f"/proc/{p}/comm").read_text() == Path(
-                            f"/proc/{shell}/comm").read_text())
+        # The loop writes its pid before it counts, so a counter means the pid is there.
+        assert wait_until(counter.exists), "the counting loop never started"
+        loop_pid = int(loop_pidfile.read_text())
+        assert loop_pid in children_of(shell)
 
         paused = await agent.signal_all("STOP")
         assert paused["signalled"] >= 3 and paused["not_permitted"] == 0  # shell, loop, sleeps
-        assert proc_state(shell) == "T" and proc_state(loop_pid) == "T"
+        # A stop lands when the process next leaves the kernel: one in the middle of a write
+        # (state D) stops once the write is done.
+        assert wait_until(lambda: proc_state(shell) == "T" and proc_state(loop_pid) == "T"), \
+            f"not stopped: shell {proc_state(shell)}, loop {proc_state(loop_pid)}"
         size = counter.stat().st_size
         time.sleep(0.3)
         assert counter.stat().st_size == size  # nothing ran meanwhile
@@ -249,7 +252,8 @@ async def test_signal_stops_and_continues_every_process(agent: AgentClient,
         resumed = await agent.signal_all("CONT")
         assert resumed["signalled"] >= 3
         assert wait_until(lambda: counter.stat().st_size > size), "the loop never continued"
-        assert proc_state(shell) != "T" and proc_state(loop_pid) != "T"
+        assert wait_until(lambda: proc_state(shell) != "T" and proc_state(loop_pid) != "T"), \
+            "still stopped"
 
         with pytest.raises(AgentError) as err:
             await agent.signal_all("KILL")
