@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import errno
 import os
 import selectors
 import threading
@@ -201,14 +202,28 @@ class BackgroundProcess:
         self.command = req.get("command") or " ".join(req.get("argv") or ())
         self.argv = command_argv(req)
         self.started_at = now()
-        self.proc = spawn({**req, "stdin_b64": None}, self.id)
         self.buffers = {"stdout": bytearray(), "stderr": bytearray()}
         self.base = {"stdout": 0, "stderr": 0}
         self.exit_code = None
         self.lock = threading.Lock()
-        threading.Thread(target=self._pump, daemon=True).start()
+        # The pump's thread starts before the process does. A process that forks up to the
+        # pids limit at once (a fork loop) would otherwise leave no pid for the thread, and
+        # it would run on untracked while the request failed.
+        self.proc = None
+        self._spawned = threading.Event()
+        try:
+            threading.Thread(target=self._pump, daemon=True).start()
+        except RuntimeError:
+            raise BlockingIOError(errno.EAGAIN, "no thread for the process's output") from None
+        try:
+            self.proc = spawn({**req, "stdin_b64": None}, self.id)
+        finally:
+            self._spawned.set()
 
     def _pump(self):
+        self._spawned.wait()
+        if self.proc is None:
+            return  # the spawn failed, and its error went to the request
         sel = selectors.DefaultSelector()
         names = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
         for fd in names:
