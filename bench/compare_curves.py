@@ -27,8 +27,7 @@ from common import print_table, write_json  # noqa: E402
 from learning import pct  # noqa: E402
 
 from orchard.eval.paired import pooled_difference  # noqa: E402
-
-FORMAT_FAILURE = "RepeatedFormatError"
+from orchard.recipes.rl import FORMAT_FAILURE  # noqa: E402
 
 
 def load_arm(path: Path) -> dict[str, Any]:
