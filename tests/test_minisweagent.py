@@ -214,6 +214,26 @@ def test_agent_fixes_a_bug_in_a_sandbox_and_every_call_is_recorded(
     assert "sk-do-not-leak" not in saved and "sk-do-not-leak" not in json.dumps(result)
 
 
+@needs_root
+def test_a_nested_command_argument_is_a_format_error_the_model_sees(
+        orchestrator: str, tok: Any, tmp_path: Path) -> None:
+    """A small model sometimes wraps the command in a second object: the rollout goes on with
+    a format error, as for any other malformed call, instead of failing in the harness."""
+    nested = [ToolCall("bash", {"command": {"command": "ls"}})]
+    script = [Reply(None, nested),
+              Reply(None, bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo fixed"))]
+    with TeacherServer(ScriptedPolicy(script), tok) as teacher:
+        result = run_task("Say fixed.", orchestrator_url=orchestrator,
+                          model_base_url=f"{teacher.url}/v1", model_name="teacher",
+                          image="host")
+    assert result["exit_status"] == "Submitted" and result["submission"] == "fixed\n"
+    errors = [m for m in result["messages"]
+              if m.get("extra", {}).get("interrupt_type") == "FormatError"]
+    assert len(errors) == 1
+    assert "'command' argument must be a string" in errors[0]["content"]
+    assert '{"command": "ls"}' in errors[0]["content"]  # the model is shown what it sent
+
+
 # --- the environment alone ----------------------------------------------------------------------
 
 @pytest.fixture()

@@ -19,6 +19,7 @@ created for the task and deleted after it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import platform
@@ -37,9 +38,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import litellm  # noqa: E402
 import yaml  # noqa: E402
+from jinja2 import StrictUndefined, Template  # noqa: E402
 from minisweagent.agents.default import AgentConfig, DefaultAgent  # noqa: E402
 from minisweagent.config import builtin_config_dir, get_config_from_spec  # noqa: E402
-from minisweagent.exceptions import LimitsExceeded, Submitted  # noqa: E402
+from minisweagent.exceptions import FormatError, LimitsExceeded, Submitted  # noqa: E402
 from minisweagent.models.litellm_model import LitellmModel  # noqa: E402
 from minisweagent.utils.serialize import recursive_merge  # noqa: E402
 from pydantic import BaseModel, Field, field_validator  # noqa: E402
@@ -346,6 +348,24 @@ class _LitellmModel(LitellmModel):
 
     def _query(self, messages: list[dict[str, str]], **kwargs: Any) -> Any:
         return super()._query(messages, api_key=self._api_key, **kwargs)
+
+    def _parse_actions(self, response: Any) -> list[dict]:
+        # Upstream checks that a "command" argument exists, not that it is a string. A model
+        # that nests it ({"command": {"command": "ls"}}) must see a format error it can fix;
+        # the dict would otherwise reach the sandbox and end the rollout as a harness failure.
+        actions = super()._parse_actions(response)
+        for action in actions:
+            if not isinstance(action["command"], str):
+                error = ("The bash tool's 'command' argument must be a string holding the "
+                         f"shell command, not {type(action['command']).__name__} "
+                         f"{json.dumps(action['command'])[:200]}.")
+                content = Template(self.config.format_error_template,
+                                   undefined=StrictUndefined).render(
+                    error=error, actions=[], has_tool_calls=True,
+                    finish_reason=response.choices[0].finish_reason)
+                raise FormatError({"role": "user", "content": content,
+                                   "extra": {"interrupt_type": "FormatError"}})
+        return actions
 
     def _calculate_cost(self, response: Any) -> dict[str, float]:
         # For a model it cannot price (any self-hosted one) litellm prints a banner to stdout
