@@ -26,12 +26,14 @@ from orchard.rollout.traces.samples import Sample
 from tests.conftest import needs_root
 
 
-def _on_policy_samples(model: torch.nn.Module, n: int = 4, length: int = 24) -> list[Sample]:
-    """Random conversations whose second half is the policy's, with the log-probs the model
-    gives them now: the first ratio is exactly 1."""
+def _on_policy_samples(model: torch.nn.Module, n: int = 4,
+                       lengths: tuple[int, ...] = (24,)) -> list[Sample]:
+    """Random conversations (lengths taken in turn) whose second half is the policy's, with
+    the log-probs the model gives them now: the first ratio is exactly 1."""
     gen = torch.Generator().manual_seed(1)
     samples = []
     for i in range(n):
+        length = lengths[i % len(lengths)]
         ids = torch.randint(10, 200, (1, length), generator=gen)
         with torch.no_grad():
             lp, _ = token_logprobs(model, ids)
@@ -69,6 +71,40 @@ def test_the_final_epoch_says_how_far_a_step_moved(lr: float, verdict: str | Non
                             "warnings": warnings})
     assert "final-epoch KL" in line and line.count("warning:") == len(warnings)
     assert "KL to the reference" not in line  # no penalty, no reference
+
+
+def test_the_reference_is_read_once_a_step_and_padding_changes_nothing() -> None:
+    """The KL penalty's reference log-probs come from one pass a step, whatever the epochs,
+    and line up with each sample: while the policy still is the reference, the KL is 0. How
+    the minibatch is cut into micro-batches (and so padded) leaves the update as it was."""
+    tokenizer = load_tokenizer(TEST_TOKENIZER)
+
+    def fresh() -> torch.nn.Module:
+        return tiny_llama(tokenizer, hidden_size=32, layers=1, max_positions=64, seed=0)
+
+    samples = _on_policy_samples(fresh(), n=6, lengths=(24, 9, 31, 14, 20, 11))
+    pairs = list(zip(samples, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0], strict=True))
+    reference = fresh()
+    calls: list[int] = []
+    # The loss reads the trunk and projects only the trained slots, so count the trunk's calls.
+    reference.model.register_forward_hook(lambda *_: calls.append(1))
+    results = {}
+    for micro in (1, 4):
+        model = fresh()
+        config = RLConfig(lr=1e-3, ppo_epochs=3, minibatches=1, micro_batch=micro,
+                          kl_coef=1.0, grad_clip=1e9)
+        calls.clear()
+        stats = policy_update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), pairs,
+                              config, tokenizer.eos_token_id, reference)
+        assert len(calls) == -(-len(samples) // micro)  # one pass, not one per epoch
+        assert stats["first_epoch"]["ref_kl"] == pytest.approx(0.0, abs=1e-6)
+        assert stats["ref_kl"] > 1e-6  # by the last epoch the policy has left it
+        results[micro] = (stats, model.state_dict())
+    (one, weights_one), (four, weights_four) = results[1], results[4]
+    assert one["loss"] == pytest.approx(four["loss"], rel=1e-4)
+    assert one["ref_kl"] == pytest.approx(four["ref_kl"], rel=1e-3)
+    for key, value in weights_one.items():
+        torch.testing.assert_close(weights_four[key], value, rtol=1e-4, atol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -186,8 +186,8 @@ def _mean(values: Sequence[float]) -> float | None:
 Advantage = float | Sequence[float]
 
 
-def _batch(samples: Sequence[tuple[Sample, Advantage]], pad_id: int
-           ) -> dict[str, torch.Tensor]:
+def _batch(samples: Sequence[tuple[Sample, Advantage]], pad_id: int,
+           refs: Sequence[Sequence[float]] | None = None) -> dict[str, torch.Tensor]:
     rows = [s for s, _ in samples]
     advantages = [list(a) if isinstance(a, Sequence) else [float(a)] * len(s.input_ids)
                   for s, a in samples]
@@ -195,12 +195,15 @@ def _batch(samples: Sequence[tuple[Sample, Advantage]], pad_id: int
     # importance ratio, so it is left out rather than guessed.
     mask = [[m == 1 and lp is not None for m, lp in zip(s.loss_mask, s.logprobs, strict=True)]
             for s in rows]
-    return {"input_ids": pad_right([s.input_ids for s in rows], pad_id, torch.long),
-            "attention_mask": pad_right([[1] * len(s.input_ids) for s in rows], 0, torch.long),
-            "mask": pad_right(mask, False, torch.bool),
-            "old": pad_right([[lp if lp is not None else 0.0 for lp in s.logprobs]
-                              for s in rows], 0.0, torch.float32),
-            "advantages": pad_right(advantages, 0.0, torch.float32)}
+    batch = {"input_ids": pad_right([s.input_ids for s in rows], pad_id, torch.long),
+             "attention_mask": pad_right([[1] * len(s.input_ids) for s in rows], 0, torch.long),
+             "mask": pad_right(mask, False, torch.bool),
+             "old": pad_right([[lp if lp is not None else 0.0 for lp in s.logprobs]
+                               for s in rows], 0.0, torch.float32),
+             "advantages": pad_right(advantages, 0.0, torch.float32)}
+    if refs is not None:  # already on the prediction grid, one slot shorter
+        batch["ref"] = pad_right(refs, 0.0, torch.float32)
+    return batch
 
 
 def _trained_tokens(samples: Sequence[tuple[Sample, Advantage]]) -> int:
@@ -209,27 +212,51 @@ def _trained_tokens(samples: Sequence[tuple[Sample, Advantage]]) -> int:
                for s, _ in samples)
 
 
+def _by_length(indices: Sequence[int], samples: Sequence[tuple[Sample, Advantage]],
+               size: int) -> list[list[int]]:
+    """``indices`` in micro-batches of ``size``, longest first, so each pads to a length near
+    its own. The loss is a token sum over the whole minibatch, so how it is cut up changes
+    only the padding."""
+    ordered = sorted(indices, key=lambda i: -len(samples[i][0].input_ids))
+    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+
+
+def _reference_logprobs(reference: torch.nn.Module,
+                        samples: Sequence[tuple[Sample, Advantage]], config: RLConfig,
+                        pad_id: int) -> list[list[float]]:
+    """Each sample's log-probs under the frozen reference, on the prediction grid (0 where
+    nothing is trained). One pass a step: every epoch reads the same values."""
+    device = next(reference.parameters()).device
+    refs: list[list[float]] = [[] for _ in samples]
+    with torch.no_grad():
+        for micro in _by_length(range(len(samples)), samples, config.micro_batch):
+            b = {k: v.to(device) for k, v in _batch([samples[i] for i in micro], pad_id).items()}
+            ref, _ = token_logprobs(reference, b["input_ids"], b["attention_mask"],
+                                    mask=shift(b["mask"]), entropy=False)
+            for row, i in zip(ref.cpu(), micro, strict=True):
+                refs[i] = row[:len(samples[i][0].input_ids) - 1].tolist()
+    return refs
+
+
 def _minibatch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     part: Sequence[tuple[Sample, Advantage]], config: RLConfig, pad_id: int,
-                    reference: torch.nn.Module | None) -> dict[str, float]:
+                    refs: Sequence[Sequence[float]] | None) -> dict[str, float]:
     """One optimizer step on ``part`` (gradient accumulated over micro-batches, the loss a
-    mean over its trained tokens); its stats, token-weighted."""
+    mean over its trained tokens); its stats, token-weighted. ``refs``: the reference's
+    log-probs of each sample, for the KL penalty."""
     total = _trained_tokens(part)
     device = next(model.parameters()).device
     sums: dict[str, float] = {}
 
     def micro_losses() -> Iterator[torch.Tensor]:
-        for i in range(0, len(part), config.micro_batch):
-            b = {k: v.to(device)
-                 for k, v in _batch(part[i:i + config.micro_batch], pad_id).items()}
+        for micro in _by_length(range(len(part)), part, config.micro_batch):
+            b = {k: v.to(device) for k, v in _batch(
+                [part[i] for i in micro], pad_id,
+                None if refs is None else [refs[i] for i in micro]).items()}
             mask = shift(b["mask"])
             logprobs, entropy = token_logprobs(model, b["input_ids"], b["attention_mask"],
                                                mask=mask)
-            ref = None
-            if reference is not None:
-                with torch.no_grad():
-                    ref, _ = token_logprobs(reference, b["input_ids"], b["attention_mask"],
-                                            mask=mask, entropy=False)
+            ref = b.get("ref")
             # Divided by the whole minibatch's token count, not this micro-batch's: the
             # accumulated gradient is then that of the minibatch's token mean.
             loss, stats = ppo_clip_loss(
@@ -268,15 +295,18 @@ def policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         raise ValueError("no sample has a trained token with a log-prob: did the model server "
                          "return token ids and log-probs (return_token_ids, logprobs)?")
     rng = random.Random(config.seed)
+    refs = (_reference_logprobs(reference, trained, config, pad_id)
+            if reference is not None and config.kl_coef else None)
     model.train()
     epochs: list[dict[str, float]] = []
     steps = 0
     for _ in range(config.ppo_epochs):
-        order = list(trained)
+        order = list(range(len(trained)))
         rng.shuffle(order)
         size = -(-len(order) // min(config.minibatches, len(order)))
-        parts = [_minibatch_step(model, optimizer, order[i:i + size], config, pad_id,
-                                 reference if config.kl_coef else None)
+        parts = [_minibatch_step(model, optimizer, [trained[j] for j in order[i:i + size]],
+                                 config, pad_id,
+                                 None if refs is None else [refs[j] for j in order[i:i + size]])
                  for i in range(0, len(order), size)]
         steps += len(parts)
         tokens = sum(p["tokens"] for p in parts)
