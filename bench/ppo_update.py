@@ -81,12 +81,17 @@ def main() -> int:
     parser.add_argument("--weights", type=Path, help="a state dict to load over the model")
     parser.add_argument("--kl", type=float, nargs="+", default=[0.0, 0.04],
                         help="KL penalty weights to time (0: no reference)")
+    parser.add_argument("--sequences", type=int, default=0,
+                        help="time on this many of the sequences, drawn at random with a fixed "
+                             "seed (0: all)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     pairs = step_samples(args.step)
+    if 0 < args.sequences < len(pairs):
+        pairs = random.Random(0).sample(pairs, args.sequences)
     model, _ = load_policy(args.model or smollm2_dir(), dtype=torch.float32)
     if args.weights:
         model.load_state_dict(torch.load(args.weights, weights_only=True))
