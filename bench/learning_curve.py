@@ -20,6 +20,11 @@ band) and the JSON go to bench/results/.
     .venv/bin/python bench/learning_curve.py --domain bugfix --model smollm2 ... --tag smollm2
     .venv/bin/python bench/learning_curve.py --sweep --rl lr=1e-5 --rl lr=3e-5 --steps 2 ...
 
+A run whose SFT checkpoint was lost (with the machine that held ``OUT/``) cannot add seeds
+from that checkpoint. Its remaining seeds then run in a new ``--out`` on a rebuilt checkpoint,
+which is evaluated there; ``--report-only --merge NEW_OUT`` adds them to the curve, each
+paired against its own checkpoint's SFT evaluation (the per-seed rows say which).
+
 ``--sweep`` runs each ``--rl`` setting (see bench/learning.py) for ``--steps`` steps from the
 SFT checkpoint without evaluations, and reports each step's final-epoch KL and clip fraction.
 """
@@ -52,7 +57,7 @@ from learning import Clock, pct, rl_setting  # noqa: E402
 
 from orchard.domains import demo_domain  # noqa: E402
 from orchard.env.client import SandboxClient  # noqa: E402
-from orchard.eval.paired import paired_difference, rollout_outcomes  # noqa: E402
+from orchard.eval.paired import paired_difference, pooled_difference, rollout_outcomes  # noqa: E402
 from orchard.recipes.demo import Demo, DemoConfig, copy_model, pretrained  # noqa: E402
 from orchard.recipes.models import served_weights, with_lora  # noqa: E402
 from orchard.recipes.policy_server.server import PolicyServer  # noqa: E402
@@ -219,21 +224,46 @@ class Curve:
 # --- statistics ------------------------------------------------------------------------------
 
 
+def merge(state: dict[str, Any], folders: list[Path]) -> dict[str, Any]:
+    """``state`` with the seeds of the runs in ``folders``: the same setting, on an SFT
+    checkpoint rebuilt after the first was lost. Each such seed carries that run's SFT
+    evaluation (its reference) and SFT statistics."""
+    seeds = dict(state["seeds"])
+    for folder in folders:
+        path = folder / "curve.json"
+        if not path.is_file():
+            raise SystemExit(f"--merge {folder}: no curve.json there; give the --out of a run")
+        other = json.loads(path.read_text())
+        sft = other["shared"].get("sft")
+        if sft is None:
+            raise SystemExit(f"--merge {folder}: its SFT checkpoint is not evaluated yet, so its "
+                             "seeds have nothing to pair with; --resume that run first")
+        for seed, record in other["seeds"].items():
+            if seed in seeds:
+                raise SystemExit(f"--merge {folder}: seed {seed} is in two runs; merge only "
+                                 "runs of different seeds")
+            seeds[seed] = {**record, "sft": sft, "sft_run": other["shared"].get("sft_run")}
+    return {**state, "seeds": seeds}
+
+
 def summarize(state: dict[str, Any]) -> dict[str, Any]:
-    """Per evaluated step: each seed's rate, their mean and SE, and the paired gain over SFT;
-    per RL step: the update statistics, averaged over seeds."""
+    """Per evaluated step: each seed's rate, their mean and SE, and the paired gain over SFT
+    (each seed against the SFT checkpoint it started from); per RL step: the update
+    statistics, averaged over seeds."""
     shared, seeds = state["shared"], state["seeds"]
     sft = shared.get("sft")
     points: dict[str, Any] = {}
     for step in sorted({int(k) for s in seeds.values() for k in s["evals"]}):
-        evals = [s["evals"][str(step)] for s in seeds.values() if str(step) in s["evals"]]
-        rates = [e["resolved_rate"] for e in evals]
+        pairs = [(s["evals"][str(step)], s.get("sft", sft)) for s in seeds.values()
+                 if str(step) in s["evals"]]
+        rates = [e["resolved_rate"] for e, _ in pairs]
         points[str(step)] = {
             "rates": rates, "mean": statistics.fmean(rates),
             "se_seeds": statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1
             else float("nan"),
-            "minus_sft": paired_difference([e["outcomes"] for e in evals],
-                                           sft["outcomes"]).as_dict() if sft else None}
+            "sft": statistics.fmean(r["resolved_rate"] for _, r in pairs) if sft else None,
+            "minus_sft": pooled_difference([(e["outcomes"], r["outcomes"]) for e, r in pairs])
+            .as_dict() if sft else None}
     steps: dict[str, Any] = {}
     for record in (r for s in seeds.values() for r in s["steps"]):
         steps.setdefault(str(record["step"]), []).append(record)
@@ -246,6 +276,9 @@ def summarize(state: dict[str, Any]) -> dict[str, Any]:
         if name in shared:
             out[name] = {"resolved_rate": shared[name]["resolved_rate"],
                          "rollouts": shared[name]["rollouts"]}
+    out["sft_rebuilt"] = {seed: {"resolved_rate": s["sft"]["resolved_rate"],
+                                 "rollouts": s["sft"]["rollouts"]}
+                          for seed, s in seeds.items() if "sft" in s}
     for ref in ("base", "format"):
         if ref in shared and sft:
             out[f"sft_minus_{ref}"] = paired_difference([sft["outcomes"]],
@@ -272,6 +305,8 @@ def report(args: Any, results: dict[str, Any]) -> None:
     for name in ("base", "format", "sft"):
         if name in summary:
             rows.append([name, "", pct(summary[name]["resolved_rate"]), "", ""])
+    for seed, s in summary.get("sft_rebuilt", {}).items():
+        rows.append([f"sft rebuilt (seed {seed}'s)", "", pct(s["resolved_rate"]), "", ""])
     for ref in ("base", "format"):
         if d := summary.get(f"sft_minus_{ref}"):
             rows.append([f"SFT - {ref} (paired)", "", f"{pct(d['mean'])} ± {pct(d['se'])}",
@@ -308,10 +343,15 @@ def draw(args: Any, state: dict[str, Any], summary: dict[str, Any], path: Path) 
     for name, style in (("base", ":"), ("format", "-."), ("sft", "--")):
         if name in summary:
             a.axhline(summary[name]["resolved_rate"], ls=style, color="gray", label=name)
+    for seed, s in summary.get("sft_rebuilt", {}).items():
+        a.axhline(s["resolved_rate"], ls="--", lw=0.7, color="gray",
+                  label=f"sft rebuilt (seed {seed})")
     points = summary["points"]
     if points and sft is not None:
         steps = [0, *map(int, points)]
-        mean = [sft, *(sft + p["minus_sft"]["mean"] for p in points.values())]
+        # Each point is its seeds' SFT plus their paired gain: seeds may differ in checkpoint.
+        mean = [next(iter(points.values()))["sft"],
+                *(p["sft"] + p["minus_sft"]["mean"] for p in points.values())]
         se = [0.0, *(p["minus_sft"]["se"] for p in points.values())]
         a.plot(steps, mean, marker="o", color="#4c72b0", label="SFT + BAR RL (mean of seeds)")
         a.fill_between(steps, [m - s for m, s in zip(mean, se, strict=True)],
@@ -319,7 +359,8 @@ def draw(args: Any, state: dict[str, Any], summary: dict[str, Any], path: Path) 
                        alpha=0.2, label="± 1 paired SE")
         for record in state["seeds"].values():
             evals = sorted((int(k), v["resolved_rate"]) for k, v in record["evals"].items())
-            a.plot([0, *(k for k, _ in evals)], [sft, *(v for _, v in evals)], lw=0.7,
+            start = record.get("sft", {}).get("resolved_rate", sft)
+            a.plot([0, *(k for k, _ in evals)], [start, *(v for _, v in evals)], lw=0.7,
                    alpha=0.5, color="#4c72b0")
     a.set(title=f"held-out success ({args.n_test} tasks x {args.eval_n})", xlabel="RL step",
           ylabel="resolved rate", ylim=(0, 1))
@@ -371,6 +412,9 @@ def main() -> int:
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--report-only", action="store_true",
                         help="write the JSON and PNG of what OUT/curve.json holds, run nothing")
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="with --report-only: add the seeds of this run (the same setting "
+                        "on a rebuilt SFT checkpoint), each paired against its own SFT")
     args = parser.parse_args()
     args.rl = args.rl or [""]
     if len(args.rl) > 1 and not args.sweep:
@@ -385,12 +429,14 @@ def main() -> int:
         from orchard.recipes.models import smollm2_dir
 
         args.model = str(smollm2_dir())
+    if args.merge and not args.report_only:
+        raise SystemExit("--merge combines finished runs: give it with --report-only")
     if args.out.exists() and any(args.out.iterdir()) and not (args.resume or args.report_only):
         raise SystemExit(f"{args.out} holds a run: --resume it or give a new --out")
     if args.report_only:
         if not (args.out / "curve.json").is_file():
             raise SystemExit(f"{args.out} holds no curve.json: give the --out of a run")
-        state = json.loads((args.out / "curve.json").read_text())
+        state = merge(json.loads((args.out / "curve.json").read_text()), args.merge)
         publish(args, state, {})
         report(args, {**state, "summary": summarize(state)})
         return 0
