@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchard.env.backends.local.cgroupfs import read_file
 from orchard.env.backends.local.cgroups import (
     CgroupError,
     CgroupManager,
@@ -198,6 +199,25 @@ def test_create_twice_and_procs_files(mgr: CgroupManager) -> None:
     assert files and all(f.name == "cgroup.procs" and f.exists() for f in files)
     with pytest.raises(CgroupError, match="already exists"):
         mgr.create("dup", None, None, None)
+
+
+@needs_root
+def test_reading_a_cgroup_removed_under_us_means_gone(mgr: CgroupManager) -> None:
+    # A reader racing the removal holds the file open while the cgroup goes.
+    # Reopening through /proc/self/fd reproduces that race every time.
+    mgr.create("racing", None, None, None)
+    fds = [os.open(f, os.O_RDONLY) for f in mgr.procs_files("racing")]
+    try:
+        mgr.kill("racing")
+        assert "racing" not in mgr.list()
+        for fd in fds:
+            assert read_file(Path(f"/proc/self/fd/{fd}")) is None
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert read_file(ROOT / "no-such-cgroup" / "cgroup.procs") is None
+    with pytest.raises(IsADirectoryError):
+        read_file(ROOT)
 
 
 @needs_root

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from orchard.env.backends.local import image_sources
+from orchard.env.backends.local.cgroupfs import read_file
 from orchard.env.backends.local.cgroups import CgroupManager
 from orchard.env.server import EmbeddedOrchestrator
 from tests.conftest import create_ready, free_port, needs_root, run, short_data_dir, wait_until
@@ -38,8 +39,8 @@ def cgroup_dirs(sid: str) -> list[str]:
 def cgroup_pids(sid: str) -> set[int]:
     pids: set[int] = set()
     for d in cgroup_dirs(sid):
-        with contextlib.suppress(FileNotFoundError):
-            pids.update(int(p) for p in Path(d, "cgroup.procs").read_text().split())
+        # The sandbox's removal may take its cgroup away while we read it.
+        pids.update(int(p) for p in (read_file(Path(d, "cgroup.procs")) or "").split())
     return pids
 
 

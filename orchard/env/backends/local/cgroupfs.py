@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -28,10 +29,16 @@ def cgroup_mounts() -> Iterator[tuple[Path, str, set[str]]]:
 
 
 def read_file(path: Path) -> str | None:
+    """A control file's text, or None when its cgroup is gone."""
     try:
         return path.read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
+    except OSError as e:
+        # A cgroup v1 directory removed between open() and read() answers ENODEV.
+        if e.errno == errno.ENODEV:
+            return None
+        raise
 
 
 def write_file(path: Path, value: str) -> None:
