@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import socket
 import threading
 import uuid
@@ -15,14 +14,9 @@ import pytest
 
 from tests.conftest import create_ready, needs_root, run, wait_until
 from tests.image_fixtures import make_busybox_rootfs
+from tests.test_lifecycle import cgroup_dirs
 
 pytestmark = [needs_root, pytest.mark.root]
-
-
-def cgroup_dirs(sid: str) -> list[str]:
-    """Every cgroup directory of a sandbox (v1, hybrid or pure v2; any group below 'orchard')."""
-    return [d for pattern in ("*/orchard", "*/orchard/*", "orchard", "orchard/*")
-            for d in glob.glob(f"/sys/fs/cgroup/{pattern}/{sid}")]
 
 
 def cgroup_file(sid: str, *names: str) -> str:

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from orchard import SandboxClient
+from orchard.env.backends.local.cgroupfs import read_file
 from orchard.env.backends.local.host_state import cgroup_group
 from orchard.env.backends.local.userns import REGISTRY
 from orchard.env.datadir import DataDirInUse
@@ -115,10 +116,10 @@ def test_sigkilled_local_client_leaves_nothing_running(tmp_path: Path) -> None:
         _processes_mentioning(private))
     for sid in ids:
         procs = [p for f in glob.glob(f"/sys/fs/cgroup/*/{group}/{sid}/cgroup.procs")
-                 for p in Path(f).read_text().split()]
+                 for p in (read_file(Path(f)) or "").split()]
         assert wait_until(lambda f=sid: not [  # noqa: B023
             p for g in glob.glob(f"/sys/fs/cgroup/*/{group}/{f}/cgroup.procs")
-            for p in Path(g).read_text().split()], interval=0.2), procs
+            for p in (read_file(Path(g)) or "").split()], interval=0.2), procs
     # The next local orchestrator removes the dead one's directory and cgroups.
     assert Path(private).is_dir()
     assert claims_under(private)  # the check can fail: the dead sandboxes still hold theirs
