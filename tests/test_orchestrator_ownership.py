@@ -114,12 +114,13 @@ def test_sigkilled_local_client_leaves_nothing_running(tmp_path: Path) -> None:
     # Zygote, bwrap and agents, and the commands they ran, end with their lifeline.
     assert wait_until(lambda: not _processes_mentioning(private), interval=0.2), (
         _processes_mentioning(private))
+    def procs_of(sid: str) -> list[str]:
+        return [p for f in glob.glob(f"/sys/fs/cgroup/*/{group}/{sid}/cgroup.procs")
+                for p in (read_file(Path(f)) or "").split()]
+
     for sid in ids:
-        procs = [p for f in glob.glob(f"/sys/fs/cgroup/*/{group}/{sid}/cgroup.procs")
-                 for p in (read_file(Path(f)) or "").split()]
-        assert wait_until(lambda f=sid: not [  # noqa: B023
-            p for g in glob.glob(f"/sys/fs/cgroup/*/{group}/{f}/cgroup.procs")
-            for p in (read_file(Path(g)) or "").split()], interval=0.2), procs
+        procs = procs_of(sid)
+        assert wait_until(lambda s=sid: not procs_of(s), interval=0.2), procs
     # The next local orchestrator removes the dead one's directory and cgroups.
     assert Path(private).is_dir()
     assert claims_under(private)  # the check can fail: the dead sandboxes still hold theirs
