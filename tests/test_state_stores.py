@@ -443,17 +443,68 @@ async def test_close_leaks_no_tasks_or_connections(
         await asyncio.sleep(0.05)
 
 
+class SilenceableRelay:
+    """A loopback TCP relay to Redis that can stop answering on the connections it already
+    carries while it still relays new ones: a half-open connection that lasts until the client
+    gives it up, whatever the machine's load (a CLIENT PAUSE would end on a timer)."""
+
+    def __init__(self, port: int) -> None:
+        self.redis_port = port
+        self.connections = 0
+        self._open: list[asyncio.StreamWriter] = []
+        self._silenced: set[asyncio.StreamWriter] = set()
+        self._pumps: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> int:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._open:
+            writer.close()
+        for task in self._pumps:
+            task.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+
+    def silence_open_connections(self) -> None:
+        self._silenced.update(self._open)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.redis_port)
+        self._open += [writer, up_writer]
+        for src, dst, key in ((reader, up_writer, writer), (up_reader, writer, writer)):
+            task = asyncio.ensure_future(self._pump(src, dst, key))
+            self._pumps.add(task)
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                    key: asyncio.StreamWriter) -> None:
+        while data := await src.read(65536):
+            if key not in self._silenced:  # a silenced connection swallows what it reads
+                dst.write(data)
+                await dst.drain()
+
+
 async def test_silent_pubsub_connection_is_replaced(
     redis_store_url: str, redis_admin: aioredis.Redis
 ) -> None:
-    # CLIENT PAUSE makes the server ignore the pub/sub connection's PING, as a half-open TCP
-    # connection would; the store must notice, reconnect and wake its waiters.
-    store = RedisStore(redis_store_url, health_interval=0.2)
-    try:
-        async with store.subscribe("c") as sub:
-            await redis_admin.execute_command("CLIENT", "PAUSE", "1000", "ALL")
-            assert await sub.wait(WAIT) is True
-            await redis_admin.publish(f"{prefix_of(redis_store_url)}:ch:c", "")
-            assert await sub.wait(WAIT) is True
-    finally:
-        await store.close()
+    # The store's pub/sub connection goes silent, as a half-open TCP connection would; the
+    # store must notice, reconnect and wake its waiters, who may have missed a publish.
+    url = urlsplit(redis_store_url)
+    relay = SilenceableRelay(url.port or 6379)
+    async with relay as port:
+        store = RedisStore(url._replace(netloc=f"127.0.0.1:{port}").geturl(),
+                           health_interval=0.2)
+        try:
+            async with store.subscribe("c") as sub:
+                before = relay.connections
+                relay.silence_open_connections()
+                assert await sub.wait(WAIT) is True
+                assert relay.connections > before  # woken by a new connection's SUBSCRIBE
+                await redis_admin.publish(f"{prefix_of(redis_store_url)}:ch:c", "")
+                assert await sub.wait(WAIT) is True
+        finally:
+            await store.close()
