@@ -4,12 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := bubblewrap busybox-static iproute2 git patch util-linux e2fsprogs redis-server \
 	python3-pytest slirp4netns nftables chromium \
-	skopeo docker-registry apache2-utils linux-perf strace
+	skopeo docker-registry apache2-utils linux-perf strace \
+	build-essential pkgconf libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnl-3-dev \
+	libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev
 STAMP := $(VENV)/.installed
+# CRIU 4 for live snapshots (docs/guides/snapshots.md), built from source: Debian's is too old.
+CRIU := $(VENV)/criu/criu
 
 .PHONY: setup system-deps harbor demo tour test lint unasync bench validate-manifests clean
 
-setup: system-deps $(STAMP)
+setup: system-deps $(STAMP) $(CRIU)
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -27,6 +31,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[all,dev]'
 	@touch $(STAMP)
+
+$(CRIU): scripts/build-criu.sh
+	scripts/build-criu.sh $@
 
 # .venv-harbor: Python 3.13 (built from Debian's source once, when /opt/orchard/python3.13 is
 # missing) with the pinned harbor and orchard's SDK; the Harbor tests run its `harbor` CLI.

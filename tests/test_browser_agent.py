@@ -93,9 +93,10 @@ def test_a_weak_teacher_fails_honestly(client: SandboxClient, tmp_path: Path) ->
 
 
 def test_monte_carlo_values_of_a_web_rollout(client: SandboxClient, tmp_path: Path) -> None:
-    """Continuations carry on from replayed states of a failed web rollout: a continuation
-    policy that always plays the gold run on resolves from every one of them, which it can
-    only do on the right page with the sites in the right state."""
+    """Continuations carry on from restored states of a failed web rollout, live forks of one
+    replay (sites and browser included) and replays of their own alike: a continuation policy
+    that always plays the gold run on resolves from every one of them, which it can only do
+    on the right page with the sites in the right state."""
     task = TASKS["shop-buy-mouse"]
     out = tmp_path / "run"
     evaluate([task], make_harness("web-teacher", [task], teacher_solve=0.0), out, client,
@@ -105,13 +106,13 @@ def test_monte_carlo_values_of_a_web_rollout(client: SandboxClient, tmp_path: Pa
     policy = FunctionPolicy(hedged_web_teacher([task], solve=1.0, seed=0))
     with TeacherServer(policy, load_tokenizer(TEST_TOKENIZER), model_name="teacher") as server:
         continuation = BrowserContinuation(f"{server.url}/v1", "teacher")
-        with pytest.raises(ValueError, match="restore='replay'"):
-            MonteCarloAnnotator(client, [task], continuation, k=1).annotate(traj)
-        curve = MonteCarloAnnotator(client, [task], continuation, k=1,
-                                    restore="replay").annotate(traj)
-    inner = [s for s in curve.key_steps if s < len(traj.steps)]
-    assert inner and all(curve.values[s] == 1.0 for s in inner), curve
-    assert curve.values[-1] == 0.0  # the rollout itself failed
+        curves = {restore: MonteCarloAnnotator(client, [task], continuation, k=2,
+                                               restore=restore).annotate(traj)
+                  for restore in ("fork", "replay")}
+    for curve in curves.values():
+        inner = [s for s in curve.key_steps if s < len(traj.steps)]
+        assert inner and all(curve.values[s] == 1.0 for s in inner), curve
+        assert curve.values[-1] == 0.0  # the rollout itself failed
     assert client.list_sandboxes({MC_LABEL: traj.rollout_id}) == []
 
 

@@ -26,7 +26,8 @@ from orchard.eval.results import RolloutResult
 from orchard.tasks import SUBMIT_COMMAND, SUBMIT_MARKER, Grade, Submission, Task, TaskLoadError
 
 NAMED = {"bundled": "swe", "humaneval": "swe", "settings": "swe", "bugfix": "swe",
-         "web": "web", "web-live": "web", "assistant": "assistant",
+         "web": "web", "web-live": "web", "miniwob": "web", "miniwob-untimed": "web",
+         "assistant": "assistant",
          "assistant-hand": "assistant", "assistant-generated": "assistant"}
 
 
@@ -62,8 +63,8 @@ def test_unknown_harness_domain_and_demo_name_the_choices() -> None:
 
         demo_domain("x", {})
     assert set(harness_names()) == {"oracle", "teacher", "mini-swe-agent", "web-teacher",
-                                    "browser-agent", "assistant-teacher", "assistant",
-                                    "harbor-oracle"}
+                                    "browser-agent", "miniwob-solver", "random-browser",
+                                    "assistant-teacher", "assistant", "harbor-oracle"}
     assert demo_names() == ["swe", "bugfix", "bugfix-read", "web", "assistant"]
 
 
@@ -75,7 +76,7 @@ def test_every_domain_s_tasks_satisfy_the_protocol(source: str) -> None:
         assert isinstance(task, Task) and domain_of(task) is d
         assert task.prompt.strip() and task.budget.wall_time > 0
         spec = task.sandbox_spec()
-        # A served domain's state lives in processes: the Monte-Carlo annotator must replay.
+        # A served domain's state lives in processes: only live forks or replays keep it.
         assert spec.served == task.graded_in_rollout == (d.name != "swe")
         assert len(d.listing.row(task)) == len(d.listing.columns)
 
@@ -95,8 +96,8 @@ def test_a_swe_task_grades_an_empty_patch_without_a_sandbox() -> None:
 
 def test_a_harness_refuses_tasks_of_another_domain() -> None:
     _, web = load_tasks("web")
-    with pytest.raises(ValueError, match="web tasks run with web-teacher or browser-agent, not "
-                                         "'oracle'"):
+    with pytest.raises(ValueError, match="web tasks run with web-teacher or browser-agent or "
+                                         "miniwob-solver or random-browser, not 'oracle'"):
         make_harness("oracle", web)
     _, swe = load_tasks("bundled")
     with pytest.raises(ValueError, match="swe tasks run with oracle or teacher or "

@@ -244,6 +244,10 @@ def test_rest_snapshot_fork_pause_on_kubernetes(cluster: FakeCluster,
         sid = create_ready(http, cluster.api)
         r = http.post(f"/sandboxes/{sid}/exec", json={"command": "echo k8s > /workspace/f"})
         assert r.json()["exit_code"] == 0, r.text
+        # Live (memory) forks are the local backend's: a 422 that says why, and no fork.
+        r = http.post(f"/sandboxes/{sid}/fork", json={"count": 2, "memory": True})
+        assert r.status_code == 422 and "kubelet" in r.json()["detail"], r.text
+        assert "memory: false" in r.json()["detail"]
         r = http.post(f"/sandboxes/{sid}/fork", json={"count": 2})
         assert r.status_code == 200, r.text
         forks = [s["sandbox_id"] for s in r.json()["sandboxes"]]

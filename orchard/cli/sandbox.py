@@ -274,12 +274,16 @@ def snapshot(
     sandbox_id: str,
     label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable).")] = None,
     ttl: Annotated[float | None, typer.Option(help="Seconds to keep it.")] = None,
+    memory: Annotated[bool, typer.Option(help="Its running processes too (CRIU).")] = False,
 ) -> None:
-    """Keep a sandbox's files (not its processes) as a snapshot; print its id."""
+    """Keep a sandbox's files (with --memory, its processes too) as a snapshot; print its
+    id."""
     with ctx.obj.client() as client:
         info = client.get_sandbox(sandbox_id).snapshot(labels=parse_labels(label or []),
-                                                       ttl=ttl)
-    stderr.print(f"{info.snapshot_id}: {info.size_bytes} bytes")
+                                                       ttl=ttl, memory=memory)
+    live = (f", {info.memory_bytes} bytes of {len(info.processes)} process trees"
+            if info.memory_bytes is not None else "")
+    stderr.print(f"{info.snapshot_id}: {info.size_bytes} bytes{live}")
     typer.echo(info.snapshot_id)
 
 
@@ -290,10 +294,12 @@ def fork(
     sandbox_id: str,
     count: Annotated[int, typer.Option("--count", "-n", help="How many.")] = 1,
     label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE (repeatable).")] = None,
+    memory: Annotated[bool, typer.Option(help="Fork its running processes too.")] = False,
 ) -> None:
     """Branch sandboxes off a sandbox as it is now; wait for them and print their ids."""
     with ctx.obj.client() as client:
-        forks = client.get_sandbox(sandbox_id).fork(count, labels=parse_labels(label or []))
+        forks = client.get_sandbox(sandbox_id).fork(count, labels=parse_labels(label or []),
+                                                    memory=memory)
     for sandbox in forks:
         typer.echo(sandbox.id)
 

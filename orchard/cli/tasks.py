@@ -24,7 +24,8 @@ app = typer.Typer()
 
 _Tasks = Annotated[str, typer.Argument(
     help="'bundled', 'humaneval', 'settings' and 'bugfix' (the generated SWE families), 'web' "
-         "(the web tasks), 'web-live', 'assistant' (hand-written and generated assistant "
+         "(the web tasks), 'web-live', 'miniwob' and 'miniwob-untimed' (MiniWoB++ pages x "
+         "seeds), 'assistant' (hand-written and generated assistant "
          "tasks), a .json/.jsonl/.parquet file, a saved dataset, a task directory, a Harbor "
          "task or dataset directory (task.toml), or a Hugging Face dataset id of SWE-bench "
          "instances (princeton-nlp/SWE-bench_Verified; images named under "
@@ -78,8 +79,9 @@ def tasks_validate(
 ) -> None:
     """Check every task: the gold patch resolves it, and on the untouched repository its
     FAIL_TO_PASS tests fail and PASS_TO_PASS tests pass (web tasks: the gold run resolves it,
-    doing nothing does not; Harbor tasks: the oracle solution earns reward 1, doing nothing
-    does not). Exit 1 if any task is broken."""
+    doing nothing does not; MiniWoB++: each page loads, gives its instruction and ends with a
+    reward, and the solver's pages reach 1; Harbor tasks: the oracle solution earns reward 1,
+    doing nothing does not). Exit 1 if any task is broken."""
     def report(check: Any) -> None:
         if not json_:
             mark = "[green]ok[/]" if check.ok else "[red]BROKEN[/]"
@@ -114,8 +116,9 @@ def eval_(
     harness: Annotated[str, typer.Option(
         help="oracle (gold patch), teacher (mini-swe-agent + scripted teacher model) or "
              "mini-swe-agent (needs --model-url and --model); for web tasks, web-teacher "
-             "(the browser agent + scripted web teacher) or browser-agent (needs --model-url "
-             "and --model); for assistant tasks, assistant-teacher or assistant (needs "
+             "(the browser agent + scripted web teacher), browser-agent (needs --model-url "
+             "and --model), miniwob-solver (MiniWoB++'s scripted solver) or random-browser "
+             "(random actions); for assistant tasks, assistant-teacher or assistant (needs "
              "--model-url and --model); for Harbor tasks, harbor-oracle (solve.sh).")
     ] = "oracle",
     n: Annotated[int, typer.Option(min=1, help="Samples per task (pass@k needs k <= n).")] = 1,
@@ -147,6 +150,10 @@ def eval_(
              "rollout's rubric; the reward becomes base + 0.5 J.", show_default=False)] = None,
     judge_model: Annotated[str, typer.Option(help="The model the judge URL serves.")
                            ] = "judge",
+    action_set: Annotated[str, typer.Option(
+        help="browser-agent: 'orchard' (our browser tool) or 'browsergym' (BrowserGym's "
+             "actions, click('12'), answered in plain text; docs/guides/browser.md).")
+    ] = "orchard",
     sampling_seed: Annotated[int | None, typer.Option(
         help="Common random numbers: each (task, sample) sends the same request seeds in every "
              "run given this value, so two runs (two checkpoints) compare pairwise.",
@@ -174,11 +181,14 @@ def eval_(
         overrides = config_from_specs(config or [])
         h = make_harness(harness, loaded, model_url=model_url, model=model,
                          teacher_solve=teacher_solve, config=overrides, token_ids=token_ids,
-                         render_with=render_with, judge_url=judge_url, judge_model=judge_model)
+                         render_with=render_with, judge_url=judge_url, judge_model=judge_model,
+                         browser_action_set=action_set)
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
     settings = {"tasks": tasks, "split": split, "harness": harness, "model": model,
-                "teacher_solve": teacher_solve if "teacher" in harness else None}
+                "teacher_solve": teacher_solve if "teacher" in harness else None,
+                # Only when set, so that runs from before the option still resume.
+                **({"action_set": action_set} if action_set != "orchard" else {})}
     run_config = RunConfig(out=out, n=n, concurrency=concurrency, max_attempts=max_attempts,
                            cpu=cpu, memory=memory, heartbeat_interval=heartbeat_interval,
                            sampling_seed=sampling_seed, settings=settings)

@@ -33,6 +33,8 @@ class HarnessOptions:
     render_with: str | Path | None = None
     judge_url: str | None = None
     judge_model: str | None = None
+    browser_action_set: str = "orchard"
+    """The browser agent's: ``orchard`` or ``browsergym`` (BrowserGym's actions)."""
 
     def require_model(self, harness: str) -> tuple[str, str]:
         """The model URL and name, which ``harness`` cannot run without."""

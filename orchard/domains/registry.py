@@ -83,14 +83,15 @@ def make_harness(name: str, tasks: Sequence[Task], *, model_url: str | None = No
                  model: str | None = None, teacher_solve: float = 1.0,
                  config: dict[str, Any] | None = None, token_ids: bool = True,
                  render_with: str | Path | None = None, judge_url: str | None = None,
-                 judge_model: str | None = None) -> Any:
+                 judge_model: str | None = None, browser_action_set: str = "orchard") -> Any:
     """A bundled harness by name: ``oracle``, ``teacher`` or ``mini-swe-agent`` for SWE tasks;
     ``web-teacher`` or ``browser-agent`` for web tasks; ``assistant-teacher`` or
     ``assistant`` for assistant tasks, whose rubric ``judge_url`` (an OpenAI base URL) scores
     when given. Every task must be of the harness's domain."""
     options = HarnessOptions(model_url=model_url, model=model, teacher_solve=teacher_solve,
                              config=config, token_ids=token_ids, render_with=render_with,
-                             judge_url=judge_url, judge_model=judge_model)
+                             judge_url=judge_url, judge_model=judge_model,
+                             browser_action_set=browser_action_set)
     owner = next((d for d in DOMAINS.values() if name in d.harnesses), None)
     if owner is None:
         raise ValueError(f"unknown harness {name!r}; choose one of "

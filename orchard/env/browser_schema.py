@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 BrowserVerb = Literal["observe", "goto", "click", "type", "select", "scroll", "press", "back",
-                      "tab"]
+                      "tab", "dblclick", "hover", "focus", "forward"]
 
 
 class BrowserAction(BaseModel):
@@ -18,7 +18,8 @@ class BrowserAction(BaseModel):
 
     action: BrowserVerb = "observe"
     url: str | None = Field(None, max_length=8192, description="goto; tab op=new.")
-    id: int | None = Field(None, ge=1, description="click, type, select, scroll: an element.")
+    id: int | None = Field(None, ge=1, description="click, dblclick, hover, focus, type, select, "
+                           "scroll: an element.")
     x: float | None = Field(None, ge=0, description="click at a point instead of an element.")
     y: float | None = Field(None, ge=0)
     text: str | None = Field(None, max_length=100_000, description="type: what to type.")
@@ -28,7 +29,8 @@ class BrowserAction(BaseModel):
     direction: Literal["up", "down"] = "down"
     amount: int | None = Field(None, ge=1, le=100_000, description="scroll: pixels.")
     key: str | None = Field(None, max_length=32, description="press: Enter, Tab, Escape, "
-                            "Backspace, ArrowDown, ... or one character.")
+                            "Backspace, ArrowDown, ... or one character, after modifiers "
+                            "joined by '+' (Control+a, Shift+Tab).")
     op: Literal["new", "switch", "close"] = "new"
     index: int | None = Field(None, description="tab switch/close: which tab.")
     screenshot: bool = Field(False, description="Add a PNG of the viewport.")

@@ -27,6 +27,10 @@ class SnapshotRequest(StrictModel):
     keep: bool = Field(
         False, description="Keep it until it is deleted (no expiry; 'ttl' must be left out). "
         "Built images and their cached steps are kept so.")
+    memory: bool = Field(
+        False, description="Also checkpoint its running processes (CRIU, local backend): a "
+        "sandbox created from the snapshot continues them where they were. 422 names the "
+        "process that cannot be checkpointed and why.")
 
     @model_validator(mode="after")
     def _keep_or_ttl(self) -> SnapshotRequest:
@@ -42,9 +46,14 @@ class SnapshotUpdate(StrictModel):
         description="Labels to set; a null value removes that label.")
 
 
+class CheckpointedProcess(BaseModel):
+    pid: int = Field(description="Its pid in the sandbox (kept in every restore).")
+    command: str
+
+
 class SnapshotInfo(BaseModel):
-    """A sandbox's files at one moment: what it wrote over its image (running processes and
-    memory are not kept). Sandboxes created from it share it read-only."""
+    """A sandbox's files at one moment: what it wrote over its image, and with ``memory`` its
+    running processes too. Sandboxes created from it share it read-only."""
 
     snapshot_id: str
     sandbox_id: str = Field(description="The sandbox it was taken of.")
@@ -56,6 +65,10 @@ class SnapshotInfo(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     parent: str | None = Field(None, description="The snapshot its sandbox started from.")
     backend: str = "local"
+    memory_bytes: int | None = Field(
+        None, description="A live snapshot's process images, in bytes; null: files only.")
+    processes: list[CheckpointedProcess] = Field(
+        default_factory=list, description="A live snapshot's process trees, by their root.")
 
 
 class SnapshotList(BaseModel):
@@ -77,6 +90,9 @@ class ForkRequest(StrictModel):
     keep_snapshot: bool = Field(
         False, description="Keep the snapshot the forks start from (else it is deleted once "
         "they are created; its files stay as long as a fork uses them).")
+    memory: bool = Field(
+        False, description="Fork its running processes too (a live snapshot, see "
+        "SnapshotRequest.memory): each fork continues them in its own namespaces.")
 
 
 class ForkResponse(BaseModel):

@@ -30,8 +30,8 @@ class DemoDomain(Protocol):
     text_of: Literal["patch", "trajectory"]
     """What a value model reads of a rollout."""
     replays: bool
-    """Monte-Carlo states must be replayed: a fork keeps files, not the processes (sites,
-    browser, services) the domain's state lives in."""
+    """Monte-Carlo states are replayed for each continuation instead of forked once (forks
+    of a served domain are live: they keep its processes)."""
 
     def configure(self, config: DemoConfig) -> DemoConfig:
         """``config`` with the settings this domain's demo was measured with."""

@@ -68,13 +68,11 @@ class MonteCarloAnnotator:
         task = self.tasks.get(traj.instance_id)
         if task is None:
             raise ValueError(f"no task {traj.instance_id!r} among the annotator's tasks")
-        if task.sandbox_spec().served and self.restore == "fork":
-            raise ValueError(f"{task.instance_id} is served by processes (sites, a browser, "
-                             "services): a fork keeps the files but not them, so annotate it "
-                             "with restore='replay'")
         history = traj.messages[:traj.steps[step]]
         labels = {MC_LABEL: traj.rollout_id}
-        forks = (branch(trace, self.client, step, self.k, labels=labels)
+        # Sites, a browser and its page are processes: only a live fork keeps them.
+        forks = (branch(trace, self.client, step, self.k, labels=labels,
+                        memory=task.sandbox_spec().served)
                  if self.restore == "fork" else [])
         outcomes: list[str] = []
         try:

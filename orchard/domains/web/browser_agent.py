@@ -11,10 +11,11 @@ sandbox's log: the two join into one trace by the session.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
+from orchard.domains.web.browsergym import run_browsergym_agent
 from orchard.env.browser_schema import BrowserObservation
 from orchard.env.client import InvalidRequest, Sandbox
 from orchard.rollout.agents.tool_loop import ToolLoopResult, ToolRefused, run_tool_loop, tool_reply
@@ -38,6 +39,8 @@ BROWSER_TOOL = {"type": "function", "function": {
         "op": {"type": "string", "enum": ["new", "switch", "close"]},
         "index": {"type": "integer"}}}}}
 TOOLS = [BROWSER_TOOL]
+BrowserActionSet = Literal["orchard", "browsergym"]
+ACTION_SETS: tuple[BrowserActionSet, ...] = ("orchard", "browsergym")
 
 
 def render(page: BrowserObservation) -> str:
@@ -60,14 +63,28 @@ def run_browser_agent(sandbox: Sandbox, goal: str, start_url: str, model_url: st
                       model: str, *, max_steps: int = 20, screenshots: bool = False,
                       action_timeout: float = 15.0, http: httpx.Client | None = None,
                       history: list[dict[str, Any]] | None = None,
-                      seed: int | None = None) -> ToolLoopResult:
+                      seed: int | None = None,
+                      action_set: BrowserActionSet = "orchard") -> ToolLoopResult:
     """Run the loop (see the module doc); ``model_url`` is an OpenAI base URL ending in /v1.
     ``seed``: the rollout's sampling seed (see ``run_tool_loop``).
 
     ``history``: carry on a recorded conversation instead of starting at ``start_url``, in a
-    sandbox whose browser is where that conversation left it (``orchard.rollout.traces.branch``)."""
+    sandbox whose browser is where that conversation left it (``orchard.rollout.traces.branch``).
+
+    ``action_set="browsergym"``: BrowserGym's observation text and high-level actions, answered
+    in plain text (``orchard.domains.web.browsergym``) instead of our tools."""
+    if action_set == "browsergym":
+        return run_browsergym_agent(sandbox, goal, start_url, model_url, model,
+                                    max_steps=max_steps, screenshots=screenshots,
+                                    action_timeout=action_timeout, http=http, history=history,
+                                    seed=seed)
+    if action_set != "orchard":
+        raise ValueError(f"unknown action set {action_set!r}; one of {', '.join(ACTION_SETS)}")
     if history:
         messages = [dict(m) for m in history]
+        # A live fork's browser kept its page but not the ids the agent handed out: looking
+        # again numbers the same page's elements as the conversation last saw them.
+        sandbox.browser("observe", timeout=action_timeout)
     else:
         page = sandbox.browser("goto", url=start_url, screenshot=screenshots,
                                timeout=action_timeout)

@@ -103,6 +103,21 @@ def mail_moved(state: State, answer: str | None, subject: str, folder: str) -> R
     return False, f"there is no message {subject!r}"
 
 
+def miniwob_reward(state: State, answer: str | None, page: str) -> Result:
+    """A MiniWoB++ episode ended with the page's raw reward 1: upstream's binary success,
+    what published success rates count. The reason quotes the page's instruction and its own
+    rewards (the time-scaled one too)."""
+    episode = state["miniwob"]
+    if not episode["started"]:
+        return False, f"the page {page} never started an episode"
+    said = f"{page} ({episode['instruction']!r})"
+    if not episode["done"]:
+        return False, f"{said}: the episode did not end"
+    raw, reward = episode["raw_reward"], episode["reward"]
+    return (raw == 1, f"{said}: the page's reward {reward:.3f}, raw {raw:g}"
+            + (f" ({episode['reason']})" if episode["reason"] else ""))
+
+
 CHECKERS: dict[str, Callable[..., Result]] = {
     f.__name__: f for f in (answer, shop_order, shop_cart, wiki_edit, booking_made,
-                            booking_cancelled, mail_sent, mail_moved)}
+                            booking_cancelled, mail_sent, mail_moved, miniwob_reward)}

@@ -44,7 +44,7 @@ class WebFamily:
 
     name = "web"
     text_of: Literal["patch", "trajectory"] = "trajectory"  # a web rollout leaves no patch
-    replays = True
+    replays = False  # live forks keep the sites and the browser's page
 
     def configure(self, config: DemoConfig) -> DemoConfig:
         """Its SFT examples are ~10x the settings family's tokens (a page tree each turn), so

@@ -14,6 +14,7 @@ from orchard.domains.web.grading import grade_web
 from orchard.domains.web.model import WebTask
 from orchard.domains.web.teacher import web_teacher
 from orchard.eval.harness import HarnessError, HarnessResult, RolloutContext, ScriptedTeacher
+from orchard.testing.policies import Policy
 
 
 class BrowserAgentHarness:
@@ -23,7 +24,14 @@ class BrowserAgentHarness:
     name = "browser-agent"
 
     def __init__(self, model_url: str, model: str, *, screenshots: bool = False,
-                 render_with: str | Path | None = None) -> None:
+                 render_with: str | Path | None = None, action_set: str = "orchard") -> None:
+        from orchard.domains.web.browser_agent import ACTION_SETS
+
+        if action_set not in ACTION_SETS:
+            raise ValueError(f"unknown action set {action_set!r}; one of "
+                             f"{', '.join(ACTION_SETS)}")
+        self.action_set = action_set
+        """``orchard`` (our tools) or ``browsergym`` (BrowserGym's actions, in plain text)."""
         self.model_upstream: str | None = model_url
         self.model = model
         self.screenshots = screenshots
@@ -44,7 +52,8 @@ class BrowserAgentHarness:
             result = run_browser_agent(
                 sandbox, task.goal, task.start_url, ctx.model_url, self.model,
                 max_steps=task.budget.steps, screenshots=self.screenshots,
-                action_timeout=task.budget.action_timeout, seed=ctx.seed)
+                action_timeout=task.budget.action_timeout, seed=ctx.seed,
+                action_set=self.action_set)
             with ctx.timed():
                 grade = grade_web(sandbox, task, result.answer)
         return HarnessResult(exit_status=result.exit_status, n_steps=result.n_steps,
@@ -61,6 +70,20 @@ class WebTeacherHarness(ScriptedTeacher, BrowserAgentHarness):
     def __init__(self, tasks: Sequence[WebTask], solve: float = 1.0) -> None:
         super().__init__("", "teacher")
         self._policy = web_teacher(tasks, solve)
+
+    def policy(self, messages: list[dict[str, Any]], tools: Any) -> Any:
+        return self._policy(messages, tools)
+
+
+class PolicyBrowserHarness(ScriptedTeacher, BrowserAgentHarness):
+    """The browser agent driven by a scripted policy served as a model: the MiniWoB++ solver
+    (``miniwob-solver``) or the random-action baseline (``random-browser``), see
+    ``domains.web.miniwob.solver``."""
+
+    def __init__(self, name: str, policy: Policy) -> None:
+        super().__init__("", name)
+        self.name = name
+        self._policy = policy
 
     def policy(self, messages: list[dict[str, Any]], tools: Any) -> Any:
         return self._policy(messages, tools)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from orchard.env.client import Sandbox, SandboxClient
 
 # Where each bundled site listens inside the sandbox (its own network namespace).
-SITE_PORTS = {"shop": 8101, "wiki": 8102, "booking": 8103, "mail": 8104}
+SITE_PORTS = {"shop": 8101, "wiki": 8102, "booking": 8103, "mail": 8104, "miniwob": 8105}
 
 
 class Checker(BaseModel):
@@ -74,7 +74,7 @@ class WebTask(BaseModel):
     instance_id: str = Field(pattern=INSTANCE_ID_PATTERN)
     domain: Literal["web"] = "web"
     goal: str = Field(min_length=1)
-    sites: list[Literal["shop", "wiki", "booking", "mail"]] = Field(
+    sites: list[Literal["shop", "wiki", "booking", "mail", "miniwob"]] = Field(
         default_factory=list, description="Served in the sandbox; only a live task has none.")
     start_url: str
     checker: Checker

@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from orchard.env.agent.bundle import BundleError, _copy_elf, _ldd, _patchelf, _run
@@ -91,7 +92,8 @@ def ensure_browser_bundle(cache_dir: Path) -> Path | None:
     current = cache_dir / "current"
     if not current.is_symlink() or os.readlink(current) != key:
         # Swapped by rename, so a sandbox never sees the link missing.
-        link = cache_dir / f".current-{os.getpid()}"
+        # Named by thread too: two threads of one process may get here at once.
+        link = cache_dir / f".current-{os.getpid()}-{threading.get_ident()}"
         link.unlink(missing_ok=True)
         link.symlink_to(key)
         os.replace(link, current)

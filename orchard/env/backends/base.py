@@ -48,10 +48,21 @@ class SnapshotMissing(BackendError):
     """The snapshot's files are gone from the backend (deleted, or never taken here)."""
 
 
+class CheckpointFailed(BackendError):
+    """A process could not be checkpointed or restored; the message names it and says why."""
+
+
+class MemoryUnsupported(BackendError):
+    """Live (memory) snapshots cannot be taken by this backend or host; the message says why
+    and what to do."""
+
+
 @dataclass(frozen=True)
 class SnapshotMade:
     snapshot_id: str
     size_bytes: int  # bytes on disk of what this snapshot adds (not its parents or image)
+    memory_bytes: int | None = None  # a live snapshot's process images; None: files only
+    processes: list[dict[str, object]] = field(default_factory=list)  # pid, command per tree
 
 
 class ImageUnavailable(BackendError):
@@ -154,10 +165,12 @@ class Backend(Protocol):
         ...
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str, parent: str | None,
-                       max_bytes: int) -> SnapshotMade:
+                       max_bytes: int, memory: bool = False) -> SnapshotMade:
         """Keep the files the sandbox changed over its image (and over ``parent``, the snapshot
-        it started from) as ``snapshot_id``; consistent even while its processes run. Raise
-        SnapshotTooLarge past max_bytes, BackendError otherwise."""
+        it started from) as ``snapshot_id``; consistent even while its processes run. With
+        ``memory``, its processes too, restored in every sandbox created from it. Raise
+        SnapshotTooLarge past max_bytes, MemoryUnsupported or CheckpointFailed for memory,
+        BackendError otherwise."""
         ...
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:

@@ -67,11 +67,14 @@ class AsyncSandbox(SandboxBase):
         labels: Mapping[str, str] | None = None,
         ttl: float | None = None,
         keep: bool = False,
+        memory: bool = False,
     ) -> snapshot_schema.SnapshotInfo:
-        """Keep its files (not its processes) as a snapshot to create sandboxes from: for
-        ``ttl`` seconds (default: the server's snapshot_ttl), or until deleted with ``keep``."""
+        """Keep its files as a snapshot to create sandboxes from: for ``ttl`` seconds
+        (default: the server's snapshot_ttl), or until deleted with ``keep``. ``memory``: its
+        running processes too, continued in every sandbox created from it."""
         request = snapshot_schema.SnapshotRequest(
-            snapshot_id=snapshot_id, labels=dict(labels or {}), ttl=ttl, keep=keep)
+            snapshot_id=snapshot_id, labels=dict(labels or {}), ttl=ttl, keep=keep,
+            memory=memory)
         return await self._client._call(API.snapshot(self.id, request))
 
     async def fork(
@@ -82,10 +85,12 @@ class AsyncSandbox(SandboxBase):
         ttl: float | None = None,
         keep_snapshot: bool = False,
         wait: bool = True,
+        memory: bool = False,
     ) -> list[AsyncSandbox]:
-        """``count`` new sandboxes starting from its files as they are now."""
+        """``count`` new sandboxes starting from its files as they are now (with ``memory``,
+        from its running processes too)."""
         request = snapshot_schema.ForkRequest(count=count, labels=dict(labels or {}), ttl=ttl,
-                                     keep_snapshot=keep_snapshot)
+                                     keep_snapshot=keep_snapshot, memory=memory)
         made = await self._client._call(API.fork(self.id, request))
         forks = [AsyncSandbox(self._client, info) for info in made.sandboxes]
         for sandbox in forks:
@@ -98,8 +103,9 @@ class AsyncSandbox(SandboxBase):
     async def browser(
         self, action: browser_schema.BrowserVerb = "observe", **params: Any
     ) -> browser_schema.BrowserObservation:
-        """One action in the sandbox's browser (goto url=, click id=, type id= text=, select,
-        scroll, press key=, back, tab op=; screenshot=True adds a PNG), and the page after."""
+        """One action in the sandbox's browser (goto url=, click id=, dblclick, hover, focus,
+        type id= text=, select, scroll, press key= (with modifiers: Control+a), back, forward,
+        tab op=; screenshot=True adds a PNG), and the page after."""
         request = browser_schema.BrowserAction(action=action, **params)
         return await self._client._call(API.browser(self.id, request))
 

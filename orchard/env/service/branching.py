@@ -45,7 +45,8 @@ class Branching:
             raise Overloaded(f"forking {req.count} would make {live + req.count} live sandboxes, "
                              f"over the limit of {self.settings.max_sandboxes}; delete some or "
                              "fork fewer", 2)
-        snap = await self.snapshots.snapshot(sid, SnapshotRequest(labels={FORK_LABEL: sid}))
+        snap = await self.snapshots.snapshot(sid, SnapshotRequest(labels={FORK_LABEL: sid},
+                                                                  memory=req.memory))
         base = CreateSandboxRequest(
             image=rec.image, block_network=rec.block_network, egress=rec.egress, cpu=rec.cpu,
             memory=rec.memory, pids=rec.pids, disk=rec.disk, env=rec.env, ttl=req.ttl,

@@ -12,16 +12,23 @@ import logging
 import time
 import uuid
 
-from orchard.env.backends.base import Backend, BackendError, SnapshotTooLarge
+from orchard.env.backends.base import (
+    Backend,
+    BackendError,
+    CheckpointFailed,
+    MemoryUnsupported,
+    SnapshotTooLarge,
+)
 from orchard.env.build_schema import tag_label
 from orchard.env.config import Settings
-from orchard.env.errors import BadRequest, Conflict, NotFound, TooLarge
+from orchard.env.errors import BadRequest, Conflict, NotFound, TooLarge, Unprocessable
 from orchard.env.events import EventLog
 from orchard.env.image_schema import ImageConfig
 from orchard.env.schema import CreateSandboxRequest, EventKind, SandboxStatus
 from orchard.env.service.reconciler import PartialPass, listed
 from orchard.env.service.records import SandboxRecords, utc_time
 from orchard.env.snapshot_schema import (
+    CheckpointedProcess,
     SnapshotInfo,
     SnapshotRequest,
     SnapshotStatus,
@@ -66,18 +73,22 @@ class Snapshots:
         t0 = time.perf_counter()
         try:
             made = await self.backend.snapshot(sid, snap_id, rec.from_snapshot,
-                                               self.settings.max_snapshot_bytes)
+                                               self.settings.max_snapshot_bytes, req.memory)
         except BaseException as e:
             await self.store.drop_snapshot(snap_id)
             if isinstance(e, SnapshotTooLarge):
                 raise TooLarge(str(e)) from None
+            if isinstance(e, CheckpointFailed | MemoryUnsupported):
+                raise Unprocessable(f"live snapshot of sandbox {sid} failed: {e}") from None
             if isinstance(e, BackendError):
                 raise Conflict(f"snapshot of sandbox {sid} failed: {e}") from None
             raise
         info.status, info.size_bytes = SnapshotStatus.ready, made.size_bytes
+        info.memory_bytes = made.memory_bytes
+        info.processes = [CheckpointedProcess.model_validate(p) for p in made.processes]
         await self.store.put_snapshot(info)
         await self.events.record(rec, EventKind.snapshot, snapshot_id=snap_id,
-                                 size_bytes=made.size_bytes,
+                                 size_bytes=made.size_bytes, memory_bytes=made.memory_bytes,
                                  ms=round((time.perf_counter() - t0) * 1000, 3))
         return info
 

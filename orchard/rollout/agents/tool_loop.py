@@ -48,6 +48,24 @@ def tool_reply(call: dict[str, Any], content: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call["id"], "content": content}
 
 
+def ask_model(client: httpx.Client, model_url: str, request: dict[str, Any],
+              result: ToolLoopResult, seed: int | None) -> dict[str, Any] | None:
+    """One chat completion for the loop: counted in ``result`` and added to its messages.
+    None when the conversation outgrew the model's context (a limit, like the steps)."""
+    if seed is not None:
+        request["seed"] = call_seed(seed, result.n_steps)
+    reply = client.post(f"{model_url.rstrip('/')}/chat/completions", json=request)
+    if reply.status_code == 400 and CONTEXT_FULL in reply.text:
+        return None
+    reply.raise_for_status()
+    body = reply.json()
+    result.n_steps += 1
+    result.n_tokens += int((body.get("usage") or {}).get("total_tokens") or 0)
+    message: dict[str, Any] = body["choices"][0]["message"]
+    result.messages.append({k: v for k, v in message.items() if v is not None})
+    return message
+
+
 def run_tool_loop(model_url: str, model: str, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]], act: Act, *, max_steps: int = 20,
                   http: httpx.Client | None = None, seed: int | None = None) -> ToolLoopResult:
@@ -62,18 +80,11 @@ def run_tool_loop(model_url: str, model: str, messages: list[dict[str, Any]],
     result = ToolLoopResult(exit_status="LimitsExceeded", messages=messages)
     try:
         while result.n_steps < max_steps:
-            request = {"model": model, "messages": messages, "tools": [*tools, FINISH_TOOL]}
-            if seed is not None:
-                request["seed"] = call_seed(seed, result.n_steps)
-            reply = client.post(f"{model_url.rstrip('/')}/chat/completions", json=request)
-            if reply.status_code == 400 and CONTEXT_FULL in reply.text:
-                return result  # the conversation outgrew the model: a limit, like the steps
-            reply.raise_for_status()
-            body = reply.json()
-            result.n_steps += 1
-            result.n_tokens += int((body.get("usage") or {}).get("total_tokens") or 0)
-            message = body["choices"][0]["message"]
-            messages.append({k: v for k, v in message.items() if v is not None})
+            message = ask_model(client, model_url, {
+                "model": model, "messages": messages, "tools": [*tools, FINISH_TOOL]},
+                result, seed)
+            if message is None:
+                return result
             calls = message.get("tool_calls") or []
             if not calls:
                 messages.append({"role": "user", "content": "Answer with one tool call: "

@@ -3,8 +3,8 @@
 ``restore(trace, client, step)`` replays the rollout's sandbox side (replay.py) up to its
 ``step``-th model call in a fresh sandbox, and refuses a replay that did not reach the same
 state. ``branch(trace, client, step, k)`` restores once and forks the result k times (see
-docs/guides/snapshots.md), so a harness can carry on k times from the same model context:
-the conversation up to that call.
+docs/guides/snapshots.md; ``memory=True`` forks its processes too), so a harness can carry
+on k times from the same model context: the conversation up to that call.
 
     for sandbox in branch(trace, client, step=3, k=8):
         ...  # continue the rollout's conversation up to step 3 in it, then delete it
@@ -58,12 +58,13 @@ def restore(trace: Trace, client: SandboxClient, step: int, *,
 
 
 def branch(trace: Trace, client: SandboxClient, step: int, k: int, *,
-           labels: dict[str, str] | None = None) -> list[Sandbox]:
+           labels: dict[str, str] | None = None, memory: bool = False) -> list[Sandbox]:
     """k ready sandboxes in the state before the ``step``-th model call: one replay, forked;
-    the caller's to delete."""
+    the caller's to delete. ``memory``: live forks, which keep the replay's running processes
+    (served sites, the browser and its page) as well as its files."""
     source = restore(trace, client, step, labels=labels)
     try:
-        return source.fork(k, labels=labels)
+        return source.fork(k, labels=labels, memory=memory)
     finally:
         delete_all(client, [source.id])
 

@@ -27,11 +27,15 @@ MAX_TREE_CHARS = 24000
 SKIP_ROLES = {"none", "generic", "InlineTextBox", "LineBreak", "RootWebArea", "paragraph",
               "Section", "group", "LabelText", "ListMarker", "listitem"}
 # After these, a navigation may begin a moment later: wait that long for one to start.
-MAY_NAVIGATE = {"click", "press", "back"}
+MAY_NAVIGATE = {"click", "dblclick", "press", "back", "forward"}
+VERBS = "observe, goto, click, dblclick, hover, focus, type, select, scroll, press, back, " \
+    "forward, tab"
 
 KEYS = {"Enter": 13, "Tab": 9, "Escape": 27, "Backspace": 8, "Delete": 46, "Space": 32,
         "ArrowUp": 38, "ArrowDown": 40, "ArrowLeft": 37, "ArrowRight": 39, "Home": 36,
         "End": 35, "PageUp": 33, "PageDown": 34}
+# The protocol's modifier bits; ControlOrMeta is Control, as on Linux.
+MODIFIERS = {"Alt": 1, "Control": 2, "ControlOrMeta": 2, "Meta": 4, "Shift": 8}
 _MARK = """function(label) {
   const r = this.getBoundingClientRect();
   if (!r.width || !r.height) return;
@@ -72,6 +76,21 @@ def _quote(text):
     return json.dumps(text, ensure_ascii=False)
 
 
+def _modifiers(combo):
+    """'Control+Shift+a' -> (the protocol's modifier bits, 'a'); the key '+' is written last
+    ('Shift++'). A name that is not a modifier is a 400 that lists them."""
+    head, plus, key = combo.rpartition("+")
+    if plus and not key:  # it ends with '+': that is the key
+        head, key = head.removesuffix("+"), "+"
+    bits = 0
+    for name in head.split("+") if head else ():
+        if name not in MODIFIERS:
+            raise HTTPError(400, f"{name!r} in key {combo!r} is not a modifier; modifiers are "
+                            f"{', '.join(MODIFIERS)}, joined to the key by '+'")
+        bits |= MODIFIERS[name]
+    return bits, key
+
+
 class Browser:
     """The sandbox's one browser: tabs, the element ids of the last observation, actions."""
 
@@ -88,8 +107,11 @@ class Browser:
             return
         if self._tools is not None:
             self._tools.close()
-        executable, env = find_chromium()
-        self._tools, self._sessions, self._elements = DevTools(executable, env), {}, {}
+        # A live fork's restored browser is adopted, once; else a fresh one starts.
+        tools = DevTools.restored() if self._tools is None else None
+        if tools is None:
+            tools = DevTools.launch(*find_chromium())
+        self._tools, self._sessions, self._elements = tools, {}, {}
         self._opened = {}
         pages = self._pages()
         self._attach(pages[0]["targetId"] if pages else
@@ -161,6 +183,19 @@ class Browser:
             for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
                 self._page("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y,
                                                         "button": "left", "clickCount": 1})
+        elif action == "dblclick":
+            x, y = self._point(req)
+            self._page("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+            # A double click is two clicks, the second counted as such (dblclick fires on it).
+            for count in (1, 2):
+                for kind in ("mousePressed", "mouseReleased"):
+                    self._page("Input.dispatchMouseEvent", {
+                        "type": kind, "x": x, "y": y, "button": "left", "clickCount": count})
+        elif action == "hover":
+            x, y = self._point(req)
+            self._page("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+        elif action == "focus":
+            self._page("DOM.focus", {"backendNodeId": self._node(req)})
         elif action == "type":
             node = self._node(req)
             self._page("DOM.focus", {"backendNodeId": node})
@@ -184,16 +219,16 @@ class Browser:
                     "deltaX": 0, "deltaY": dy})
         elif action == "press":
             self._key(str(req.get("key", "Enter")))
-        elif action == "back":
+        elif action in ("back", "forward"):
             history = self._page("Page.getNavigationHistory")
-            if history["currentIndex"] > 0:
-                entry = history["entries"][history["currentIndex"] - 1]
-                self._page("Page.navigateToHistoryEntry", {"entryId": entry["id"]})
+            index = history["currentIndex"] + (-1 if action == "back" else 1)
+            if 0 <= index < len(history["entries"]):
+                self._page("Page.navigateToHistoryEntry",
+                           {"entryId": history["entries"][index]["id"]})
         elif action == "tab":
             self._tab(req)
         else:
-            raise HTTPError(400, f"unknown browser action {action!r}; one of observe, goto, "
-                            "click, type, select, scroll, press, back, tab")
+            raise HTTPError(400, f"unknown browser action {action!r}; one of {VERBS}")
 
     def _tab(self, req):
         op = req.get("op", "new")
@@ -262,11 +297,20 @@ class Browser:
             "arguments": [{"value": a} for a in args]})
         return result.get("result", {}).get("value")
 
-    def _key(self, key):
+    def _key(self, combo):
+        modifiers, key = _modifiers(combo)
         code = KEYS.get(key)
+        if modifiers and code is None and len(key) == 1 and key.isalnum():
+            # Shortcuts (Control+a) are looked up by the key's code, which a letter has too.
+            code = ord(key.upper())
         base = {"key": key, "code": key, "windowsVirtualKeyCode": code or 0}
         text = {"Enter": "\r", "Space": " "}.get(key, key if len(key) == 1 else "")
-        self._page("Input.dispatchKeyEvent", {"type": "keyDown", "text": text, **base})
+        down = "keyDown"
+        if modifiers:
+            base["modifiers"] = modifiers
+            if modifiers & ~MODIFIERS["Shift"]:  # a shortcut types nothing
+                text, down = "", "rawKeyDown"
+        self._page("Input.dispatchKeyEvent", {"type": down, "text": text, **base})
         self._page("Input.dispatchKeyEvent", {"type": "keyUp", **base})
 
     # --- observation ---------------------------------------------------------------------

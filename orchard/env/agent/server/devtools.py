@@ -24,8 +24,13 @@ CHROMIUM = ("chromium", "chromium-browser", "google-chrome", "headless_shell")
 # The orchestrator's Chromium, when it carries one in (orchard/env/agent/browser_bundle.py).
 INJECTED = "/.orchard/browser/current"
 VIEWPORT = (1280, 800)
+# Where a live fork leaves a restored browser's protocol pipe (FIFOs) and pid.
+RESTORED_DIR = "/tmp/.orchard-devtools"
 NAVIGATION_GRACE = 0.15
-_ON_3_AND_4 = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); "
+# The browser is made a subreaper (kept across exec): Crashpad's handler daemonizes, and must
+# land in the browser's process tree, not pid 1's, for a live snapshot to take them together.
+_ON_3_AND_4 = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+               "os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4); "
                "os.execv(sys.argv[3], sys.argv[3:])")
 
 
@@ -36,18 +41,53 @@ class BrowserGone(HTTPError):
         super().__init__(504, "the browser exited; it restarts on the next request")
 
 
+class _Orphan:
+    """A restored browser, as much of subprocess.Popen as DevTools uses: pid 1's reaper
+    collects it, so it is alive while its pid is and is no zombie."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    def poll(self):
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return -1 if f.read().rpartition(")")[2].split()[0] == "Z" else None
+        except OSError:
+            return -1
+
+    def wait(self, timeout):
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("chromium", timeout)
+            time.sleep(0.05)
+        return -1
+
+
 class DevTools:
     """One Chromium and its protocol pipe; requests from any thread, events kept per session."""
 
-    def __init__(self, executable, env):
-        to_r, self._to_w = os.pipe()
-        self._from_r, from_w = os.pipe()
+    def __init__(self, proc, to_w, from_r):
+        self.proc, self._to_w, self._from_r = proc, to_w, from_r
+        self._next = 0
+        self.answered = 0  # so a caller can tell a browser that died before its request
+        self._lock = threading.Lock()
+        self._answers = {}
+        self._cond = threading.Condition()
+        self.loading = {}  # session -> frames loading
+        self.settled_at = {}
+        threading.Thread(target=self._read, daemon=True).start()
+
+    @classmethod
+    def launch(cls, executable, env):
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
         # Moved above 9 first, so that placing them on 3 and 4 below overwrites neither.
         to_r, from_w = (_high(fd) for fd in (to_r, from_w))
         # The browser reads commands on fd 3 and writes answers on fd 4. A few lines of
         # Python put them there: dash, the usual /bin/sh, cannot name fds above 9.
         profile = "/tmp/.orchard-browser"
-        self.proc = subprocess.Popen(
+        proc = subprocess.Popen(
             [_python(), "-I", "-S", "-c", _ON_3_AND_4, str(to_r), str(from_w), executable,
              "--headless", "--no-sandbox",
              "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
@@ -59,14 +99,23 @@ class DevTools:
             stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env})
         os.close(to_r)
         os.close(from_w)
-        self._next = 0
-        self.answered = 0  # so a caller can tell a browser that died before its request
-        self._lock = threading.Lock()
-        self._answers = {}
-        self._cond = threading.Condition()
-        self.loading = {}  # session -> frames loading
-        self.settled_at = {}
-        threading.Thread(target=self._read, daemon=True).start()
+        return cls(proc, to_w, from_r)
+
+    @classmethod
+    def restored(cls):
+        """The browser a live fork restored (see orchard/env/backends/local/checkpoint.py),
+        once: its protocol pipe became two FIFOs, and it is pid 1's orphan now. None if there
+        is none, or it is gone."""
+        try:
+            with open(os.path.join(RESTORED_DIR, "restored.json")) as f:
+                pid = int(json.load(f)["pid"])
+            os.unlink(os.path.join(RESTORED_DIR, "restored.json"))
+            # The browser holds both FIFOs open read-write, so neither open blocks.
+            to_w = os.open(os.path.join(RESTORED_DIR, "commands"), os.O_WRONLY | os.O_CLOEXEC)
+            from_r = os.open(os.path.join(RESTORED_DIR, "answers"), os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, ValueError, KeyError):
+            return None
+        return cls(_Orphan(pid), to_w, from_r)
 
     def alive(self):
         if self.proc.poll() is not None or None in self._answers:

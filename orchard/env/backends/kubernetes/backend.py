@@ -23,6 +23,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from orchard.env.agent.client import AgentClient, AgentLimits
 from orchard.env.backends.base import (
     BackendError,
+    MemoryUnsupported,
     SandboxHandle,
     SandboxSpec,
     SnapshotMade,
@@ -383,7 +384,13 @@ class KubernetesBackend:
             yield agent
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str, parent: str | None,
-                       max_bytes: int) -> SnapshotMade:
+                       max_bytes: int, memory: bool = False) -> SnapshotMade:
+        if memory:
+            raise MemoryUnsupported(
+                "live (memory) snapshots are local-backend only: the kubelet's checkpoint API "
+                "(ContainerCheckpoint) writes an archive on the node, but Kubernetes has no "
+                "API to restore it into a pod; take a files-only snapshot (memory: false), or "
+                "run this on the local backend")
         # parent does not matter here: every archive holds the whole kept paths.
         self.snapshots.tar(snapshot_id)  # says what to configure before the pod is reached
         async with self._agent(sandbox_id) as agent:

@@ -45,6 +45,7 @@ from orchard.env.backends.base import (
 )
 from orchard.env.backends.local import network, quota, zygote
 from orchard.env.backends.local.cgroups import CgroupError, CgroupManager, LimitResult
+from orchard.env.backends.local.checkpoint import Checkpoints, last_pid
 from orchard.env.backends.local.host_state import agent_secret, cgroup_group
 from orchard.env.backends.local.image_cache import RegistryImages
 from orchard.env.backends.local.image_pull import Skopeo
@@ -59,13 +60,13 @@ from orchard.env.backends.local.launch import (
     CTL_MOUNT,
     USER_PATH,
     Launcher,
-    launcher_root,
+    agent_pid,
     record_launcher,
 )
 from orchard.env.backends.local.reaper import Reaper
 from orchard.env.backends.local.relay import MARKER, MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
-from orchard.env.backends.local.snapshots import SnapshotLayers
+from orchard.env.backends.local.snapshots import SnapshotLayers, SnapshotTaker
 from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of
 from orchard.env.datadir import private_dir
 from orchard.env.images_config import ImagesConfig
@@ -150,6 +151,8 @@ class LocalBackend:
         self.seccomp_path = write_filter(data_dir / "seccomp.bpf", allow_io_uring)
         self.snapshots = SnapshotLayers(data_dir / "snapshots", self.sandboxes_dir)
         self.snapshots.remove_partials()
+        self.checkpoints = Checkpoints(cache / "criu")
+        self.snapshot_taker = SnapshotTaker(self.snapshots, self.checkpoints, self.cgroups)
         # A delete's own part (freeze, signal, rename) may sleep a little while a cgroup
         # freezes: a pool of its own keeps that off the default executor (image unpacking).
         self._teardown_pool = ThreadPoolExecutor(8, thread_name_prefix="orchard-teardown")
@@ -254,11 +257,18 @@ class LocalBackend:
                 # So an adopting orchestrator re-opens the relay, for the same session.
                 (sdir / MARKER).write_text(spec.session)
                 await self.relays.open(spec.sandbox_id, sdir / "ctl", uid, spec.session)
+            # A live snapshot's processes are restored with their pids, so none is used first.
+            memory = self.snapshots.memory(spec.snapshot) if spec.snapshot else None
+            if memory:
+                request["last_pid"] = last_pid(memory)
             reply = await self._launch(spec, image, request, token, net_w)
             if reply["launcher"] is not None:
                 record_launcher(sdir, reply["launcher"])
             if not spec.block_network:
                 await self._attach_network(spec, reply["pid"], net_r)
+            if memory:
+                await asyncio.to_thread(self.checkpoints.restore, spec.sandbox_id, reply["pid"],
+                                        memory, self.cgroups.procs_files(spec.sandbox_id), sdir)
         except quota.QuotaError as e:
             await self.delete(spec.sandbox_id)
             raise BackendError(f"sandbox {spec.sandbox_id}: {e}") from None
@@ -422,8 +432,8 @@ class LocalBackend:
     async def adopt(self, sandbox_id: str) -> SandboxHandle | None:
         sock = self.socket_path(sandbox_id)
         try:
-            agent = int((self._dir(sandbox_id) / "agent.pid").read_text())
-        except (OSError, ValueError):
+            agent = agent_pid(self._dir(sandbox_id))
+        except BackendError:
             return None
         # The agent itself must be alive (a disk quota's launcher keeps the cgroup populated).
         if not sock.exists() or agent not in self.cgroups.pids(sandbox_id):
@@ -444,34 +454,10 @@ class LocalBackend:
     # --- snapshots and pause ---------------------------------------------------------------
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str, parent: str | None,
-                       max_bytes: int) -> SnapshotMade:
-        size = await asyncio.to_thread(self._snapshot_sync, sandbox_id, snapshot_id, parent,
-                                       max_bytes)
-        return SnapshotMade(snapshot_id=snapshot_id, size_bytes=size)
-
-    def _snapshot_sync(self, sandbox_id: str, snapshot_id: str, parent: str | None,
-                       max_bytes: int) -> int:
-        sdir = self._dir(sandbox_id)
-        base = uid_of(sdir)
-        if base is None or not self.cgroups.pids(sandbox_id):
-            raise BackendError(f"sandbox {sandbox_id} is not running on this host; only a "
-                               "running or paused sandbox can be snapshotted")
-        # Frozen for the copy, so that no file changes halfway through it.
-        paused = self.cgroups.frozen(sandbox_id)
-        try:
-            if not paused:
-                self.cgroups.freeze(sandbox_id)
-            # A disk-quota sandbox's upper dir is on a file system mounted only in its
-            # launcher's mount namespace.
-            upper = (launcher_root(sdir, self.cgroups.pids(sandbox_id)) / quota.DISK_DIR
-                     / "upper" if (sdir / quota.DISK_IMAGE).exists() else sdir / "upper")
-            return self.snapshots.take(snapshot_id, upper, base,
-                                       parent, max_bytes, sandbox_id)
-        except CgroupError as e:
-            raise BackendError(f"sandbox {sandbox_id}: {e}") from None
-        finally:
-            if not paused:
-                self.cgroups.thaw(sandbox_id)
+                       max_bytes: int, memory: bool = False) -> SnapshotMade:
+        return await asyncio.to_thread(self.snapshot_taker.take, sandbox_id,
+                                       self._dir(sandbox_id), snapshot_id, parent, max_bytes,
+                                       memory)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         return await asyncio.to_thread(self.snapshots.delete, snapshot_id)

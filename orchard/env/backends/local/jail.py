@@ -286,6 +286,14 @@ def become_root():
     loopback_up()
 
 
+def reserve_pids(last):
+    """In the clone, pid 1 of its namespace: new pids start after ``last``. A live snapshot's
+    processes are restored with the pids they had, and the agent's threads must not take them
+    first."""
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(last))
+
+
 def loopback_up():
     """``lo`` up in the new network namespace, as bwrap brings it up: servers that a sandbox
     starts for itself listen there."""

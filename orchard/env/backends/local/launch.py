@@ -88,6 +88,14 @@ def make_host_skeleton(path: Path) -> Path:
     return path
 
 
+def agent_pid(sdir: Path) -> int:
+    """The host pid of the sandbox's agent (its pid 1), as the launch recorded it."""
+    try:
+        return int((sdir / "agent.pid").read_text())
+    except (OSError, ValueError):
+        raise BackendError(f"sandbox {sdir.name} has no agent on this host") from None
+
+
 def record_launcher(sdir: Path, pid: int) -> None:
     """Keep the launcher's pid with its mount namespace's inode, which tells it from any later
     process given the same pid (see launcher_root)."""

@@ -1,4 +1,5 @@
-"""Snapshots of local sandboxes: a sandbox's overlay upper dir, kept as a read-only layer.
+"""Snapshots of local sandboxes: a sandbox's overlay upper dir, kept as a read-only layer
+(and, for a live snapshot, its processes' CRIU images beside it).
 
 Everything a sandbox writes lands in its overlay's upper dir (the image is never modified), so
 that dir is the sandbox's whole state on disk. A snapshot copies it once; every sandbox started
@@ -27,13 +28,24 @@ import subprocess
 import threading
 from pathlib import Path
 
-from orchard.env.backends.base import SnapshotMissing, SnapshotTooLarge
-from orchard.env.backends.local.userns import RANGE_SIZE
+from orchard.env.backends.base import (
+    BackendError,
+    CheckpointFailed,
+    SnapshotMade,
+    SnapshotMissing,
+    SnapshotTooLarge,
+)
+from orchard.env.backends.local import quota
+from orchard.env.backends.local.cgroups import CgroupError, CgroupManager
+from orchard.env.backends.local.checkpoint import Checkpoints
+from orchard.env.backends.local.launch import agent_pid, launcher_root
+from orchard.env.backends.local.userns import RANGE_SIZE, uid_of
 from orchard.env.datadir import private_dir
 
 # Each layer is one lower dir of the overlay, and the mount options must fit in a page.
 MAX_DEPTH = 64
 REFERENCES = "snapshots"  # in a sandbox dir: the chain of snapshots it mounts
+MEMORY = "memory"  # in a snapshot dir: a live snapshot's process images
 
 
 class SnapshotLayers:
@@ -59,6 +71,11 @@ class SnapshotLayers:
         assert isinstance(parents, list)
         return [snapshot_id, *parents]
 
+    def memory(self, snapshot_id: str) -> Path | None:
+        """The snapshot's process images, if it is a live one."""
+        path = self.root / snapshot_id / MEMORY
+        return path if path.is_dir() else None
+
     def layers(self, chain: list[str]) -> list[Path]:
         return [self.root / sid / "layer" for sid in chain]
 
@@ -70,9 +87,10 @@ class SnapshotLayers:
         return chain
 
     def take(self, snapshot_id: str, upper: Path, base_uid: int, parent: str | None,
-             max_bytes: int, source: str) -> int:
+             max_bytes: int, source: str, memory: Path | None = None) -> int:
         """Copy ``upper`` (owned by host ids from ``base_uid``) into a new layer; returns its
-        bytes on disk. The caller keeps the sandbox still meanwhile."""
+        bytes on disk. The caller keeps the sandbox still meanwhile. ``memory``: a dir of
+        process images (``checkpoint.py``) moved in beside the layer."""
         chain = self.chain(parent) if parent else []
         if len(chain) >= MAX_DEPTH:
             raise SnapshotTooLarge(
@@ -97,6 +115,9 @@ class SnapshotLayers:
             size = _to_sandbox_ids(partial / "layer", base_uid)
             (partial / "meta.json").write_text(json.dumps(
                 {"parents": chain, "source": source}))
+            if memory:
+                memory.rename(partial / MEMORY)
+                (partial / MEMORY).chmod(0o755)
             partial.rename(self.root / snapshot_id)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -129,6 +150,51 @@ class SnapshotLayers:
         """Copies a crash interrupted are of no use to anyone."""
         for p in self.root.glob(".*.partial"):
             shutil.rmtree(p, ignore_errors=True)
+
+
+class SnapshotTaker:
+    """Takes a running sandbox's snapshot: its files into a layer, and for a live one its
+    processes (``checkpoint.py``) beside them."""
+
+    def __init__(self, layers: SnapshotLayers, checkpoints: Checkpoints,
+                 cgroups: CgroupManager) -> None:
+        self.layers, self.checkpoints, self.cgroups = layers, checkpoints, cgroups
+
+    def take(self, sandbox_id: str, sdir: Path, snapshot_id: str, parent: str | None,
+             max_bytes: int, memory: bool) -> SnapshotMade:
+        base = uid_of(sdir)
+        if base is None or not self.cgroups.pids(sandbox_id):
+            raise BackendError(f"sandbox {sandbox_id} is not running on this host; only a "
+                               "running or paused sandbox can be snapshotted")
+        paused = self.cgroups.frozen(sandbox_id)
+        if memory and paused:
+            raise CheckpointFailed(f"sandbox {sandbox_id} is paused, and its frozen processes "
+                                   "cannot be checkpointed; resume it first")
+        # A live snapshot checkpoints every process but the agent and leaves them stopped, so
+        # files and memory are of one moment; else the cgroup is frozen for the copy.
+        image = (self.checkpoints.dump(sandbox_id, agent_pid(sdir), sdir / "checkpoint")
+                 if memory else None)
+        freeze = not paused and image is None
+        try:
+            if freeze:
+                self.cgroups.freeze(sandbox_id)
+            # A disk-quota sandbox's upper dir is on a file system mounted only in its
+            # launcher's mount namespace.
+            upper = (launcher_root(sdir, self.cgroups.pids(sandbox_id)) / quota.DISK_DIR
+                     / "upper" if (sdir / quota.DISK_IMAGE).exists() else sdir / "upper")
+            size = self.layers.take(snapshot_id, upper, base, parent, max_bytes, sandbox_id,
+                                    memory=image and sdir / "checkpoint")
+        except CgroupError as e:
+            raise BackendError(f"sandbox {sandbox_id}: {e}") from None
+        finally:
+            if freeze:
+                self.cgroups.thaw(sandbox_id)
+            if image:
+                self.checkpoints.cont(image.stopped)
+                shutil.rmtree(sdir / "checkpoint", ignore_errors=True)
+        return SnapshotMade(snapshot_id=snapshot_id, size_bytes=size,
+                            memory_bytes=image and image.bytes,
+                            processes=image.processes if image else [])
 
 
 def _apparent_size(top: Path) -> int:

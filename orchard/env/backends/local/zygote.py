@@ -153,6 +153,8 @@ def _boot(req, seccomp, report, listener, lifeline, keep):
         if msg != b"go" or len(fds) != 1:
             os._exit(1)  # the launcher failed and says why
         jail.become_root()
+        if req.get("last_pid"):
+            jail.reserve_pids(req["last_pid"])
         jail.pivot(fds[0], req["hostname"])
     except BaseException as e:  # noqa: BLE001 - the launcher reports it
         with contextlib.suppress(OSError):
