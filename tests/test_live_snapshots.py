@@ -161,6 +161,10 @@ def test_what_cannot_be_checkpointed_is_named(client: SandboxClient) -> None:
         assert f"process {a.pid} (python3 /workspace/a.py)" in message
         assert "External socket" in message and "memory: false" in message
         assert all(s.sandbox_id != sb.id for s in client.list_snapshots())
+        # Asking again fails the same way, and a files-only snapshot still works.
+        with pytest.raises(InvalidRequest, match="External socket"):
+            sb.snapshot(memory=True)
+        assert sb.snapshot().memory_bytes is None
         # Nothing was left stopped.
         assert all(p.running for p in sb.list_processes())
         assert sb.exec("echo alive").stdout.strip() == "alive"

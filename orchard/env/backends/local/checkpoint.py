@@ -11,11 +11,11 @@ CRIU 4 is needed (Debian bookworm's 3.17 cannot read this kernel's vDSO); ``make
 builds it into ``.venv/criu``. It runs from a bundle of its own libraries and loader under
 the data dir, so it loads nothing from a sandbox.
 
-What cannot be carried: a connection to anything outside the tree (an established TCP
-connection, a Unix socket to the agent), a terminal session (its pty belongs to the agent),
-devices beyond the sandbox's few, and a paused sandbox (its tasks cannot be seized frozen).
-Pipes to the agent (a started process's stdout and stderr) become a file in the fork,
-``/tmp/orchard-restored-<pid>.log``.
+What cannot be carried: a Unix socket to another tree (or to the agent), a terminal session
+(its pty belongs to the agent), devices beyond the sandbox's few, and a paused sandbox (its
+tasks cannot be seized frozen). Established TCP connections are restored closed. Pipes to the
+agent (a started process's stdout and stderr) become a file in the fork,
+``/tmp/orchard-restored-<pid>.log``; the browser's protocol pipe is handed to the fork's agent.
 """
 
 from __future__ import annotations
@@ -204,7 +204,6 @@ class Checkpoints:
 
     def __init__(self, cache: Path) -> None:
         self.cache = cache
-        self._criu: Path | None = None
 
     def bundle(self) -> Path:
         criu = find_criu()
@@ -229,6 +228,7 @@ class Checkpoints:
         continues them with ``cont`` once the files are copied too)."""
         bundle = self.bundle()
         t0 = time.perf_counter()
+        shutil.rmtree(dest, ignore_errors=True)  # a crashed orchestrator's
         dest.mkdir(mode=0o755, parents=True)
         agent_pipes = _pipes([agent])
         trees, stopped = [], []
@@ -265,6 +265,7 @@ class Checkpoints:
                               "devtools": devtools and {**devtools, "pid": pid}})
         except BaseException:
             self.cont(stopped)
+            shutil.rmtree(dest, ignore_errors=True)
             raise
         for path in dest.rglob("*"):  # the fork's root, not host root, reads them
             path.chmod(0o755 if path.is_dir() else 0o644)
