@@ -16,13 +16,15 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from orchard.env.errors import OrchestratorError
+
 # images/inventory.proto and images/core.proto (task_kobj_ids_entry).
 INVENTORY_ROOT_IDS = 3
 IDS_USER_NS = 10
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
 
-class ImageFormatError(ValueError):
+class ImageFormatError(OrchestratorError, ValueError):
     """An image is not laid out as CRIU 4 writes it."""
 
 
