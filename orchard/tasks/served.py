@@ -15,7 +15,7 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError
@@ -90,6 +90,27 @@ def wait_serving(sandbox: Sandbox, urls: Sequence[str], timeout: float) -> str |
     return None if waited.ok else (waited.stderr.strip()[-300:] or f"exit {waited.exit_code}")
 
 
+class _Graded(Protocol):
+    resolved: bool
+    outcome: str
+    reason: str
+
+
+def verdict_problems(gold: _Graded | None, empty: _Graded | None,
+                     unsolved: str) -> list[str]:
+    """What the gold run and the empty run say is wrong with a task; ``unsolved`` says that
+    the gold run failed."""
+    problems = []
+    if gold is not None and not gold.resolved:
+        problems.append(f"{unsolved}: {gold.reason}")
+    if empty is not None and empty.resolved:
+        problems.append(f"doing nothing resolves it: {empty.reason}")
+    for graded in (gold, empty):
+        if graded is not None and graded.outcome == "task_error":
+            problems.append(f"its checker is broken: {graded.reason}")
+    return problems
+
+
 def validate_served(client: SandboxClient, task: Task, *,
                     start: Callable[[Sandbox], str | None],
                     gold: Callable[[Sandbox], str | None],
@@ -120,12 +141,6 @@ def validate_served(client: SandboxClient, task: Task, *,
             problems.append(f"the environment failed ({type(e).__name__}: {e}); this says "
                             "nothing about the task, validate again")
     gold_grade, empty = grades.get("gold"), grades.get("empty")
-    if gold_grade is not None and not gold_grade.resolved:
-        problems.append(f"the gold solution does not resolve it: {gold_grade.reason}")
-    if empty is not None and empty.resolved:
-        problems.append(f"doing nothing resolves it: {empty.reason}")
-    for graded in (gold_grade, empty):
-        if graded is not None and graded.outcome == "task_error":
-            problems.append(f"its checker is broken: {graded.reason}")
+    problems += verdict_problems(gold_grade, empty, "the gold solution does not resolve it")
     return ServedTaskCheck[G](instance_id=task.instance_id, ok=not problems, problems=problems,
                               gold=gold_grade, empty=empty, seconds=time.monotonic() - started)

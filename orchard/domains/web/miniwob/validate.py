@@ -19,6 +19,7 @@ from orchard.domains.web.miniwob.environment import episode, start_miniwob
 from orchard.domains.web.miniwob.solver import SOLVED_PAGES, run_solver
 from orchard.domains.web.miniwob.tasks import MiniWobTask
 from orchard.env.client import OrchardError, Sandbox, SandboxClient
+from orchard.tasks.served import verdict_problems
 
 IDLE_CLOCK_MS = 1500  # the idle run's episode: long enough to load, short to wait out
 
@@ -64,12 +65,6 @@ def validate_miniwob(client: SandboxClient, task: MiniWobTask, *,
             problems.append(f"the environment failed ({type(e).__name__}: {e}); this says "
                             "nothing about the task, validate again")
     gold, empty = grades.get("gold"), grades.get("empty")
-    if gold is not None and not gold.resolved:
-        problems.append(f"the scripted solver does not solve it: {gold.reason}")
-    if empty is not None and empty.resolved:
-        problems.append(f"doing nothing resolves it: {empty.reason}")
-    for graded in (gold, empty):
-        if graded is not None and graded.outcome == "task_error":
-            problems.append(f"its checker is broken: {graded.reason}")
+    problems += verdict_problems(gold, empty, "the scripted solver does not solve it")
     return WebTaskCheck(instance_id=task.instance_id, ok=not problems, problems=problems,
                         gold=gold, empty=empty, seconds=time.monotonic() - started)
