@@ -27,6 +27,8 @@ MAX_TREE_CHARS = 24000
 SKIP_ROLES = {"none", "generic", "InlineTextBox", "LineBreak", "RootWebArea", "paragraph",
               "Section", "group", "LabelText", "ListMarker", "listitem"}
 # After these, a navigation may begin a moment later: wait that long for one to start.
+# Aiming waits up to STEADY_TRIES frames for a scrolling page to stop.
+FRAME, STEADY_TRIES = 0.03, 30
 MAY_NAVIGATE = {"click", "dblclick", "press", "back", "forward"}
 VERBS = "observe, goto, click, dblclick, hover, focus, type, select, scroll, press, back, " \
     "forward, tab"
@@ -278,12 +280,20 @@ class Browser:
         if "x" in req and "y" in req:
             return float(req["x"]), float(req["y"])
         node = self._node(req)
-        try:
-            self._page("DOM.scrollIntoViewIfNeeded", {"backendNodeId": node})
-            quad = self._page("DOM.getBoxModel", {"backendNodeId": node})["model"]["content"]
-        except RuntimeError:
-            raise StaleElement(f"element {req['id']} is not on the page any more (or not "
-                               "visible); observe again") from None
+        # A wheel scroll is animated and may still be moving the page after we measure.
+        # Like Playwright, aim only once the element's box has held still for a frame.
+        quad = None
+        for _ in range(STEADY_TRIES):
+            try:
+                self._page("DOM.scrollIntoViewIfNeeded", {"backendNodeId": node})
+                box = self._page("DOM.getBoxModel", {"backendNodeId": node})["model"]["content"]
+            except RuntimeError:
+                raise StaleElement(f"element {req['id']} is not on the page any more (or not "
+                                   "visible); observe again") from None
+            if box == quad:
+                break
+            quad = box
+            time.sleep(FRAME)
         return sum(quad[0::2]) / 4, sum(quad[1::2]) / 4
 
     def _call_on(self, node, function, args=()):

@@ -87,12 +87,15 @@ class DevTools:
         # The browser reads commands on fd 3 and writes answers on fd 4. A few lines of
         # Python put them there: dash, the usual /bin/sh, cannot name fds above 9.
         profile = "/tmp/.orchard-browser"
+        # Without smooth scrolling a wheel scroll lands at once, so the observation after it
+        # shows the scrolled page and a click after it aims at a page that holds still.
         proc = subprocess.Popen(
             [_python(), "-I", "-S", "-c", _ON_3_AND_4, str(to_r), str(from_w), executable,
              "--headless", "--no-sandbox",
              "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
              "--no-default-browser-check", "--disable-extensions", "--disable-sync",
              "--disable-background-networking", "--mute-audio", "--hide-scrollbars",
+             "--disable-smooth-scrolling",
              f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}", f"--user-data-dir={profile}",
              "--remote-debugging-pipe", "about:blank"],
             pass_fds=(to_r, from_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
