@@ -23,6 +23,10 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
               ("transformers", "datasets", "torch", "matplotlib")),
     "openenv": ("task sets served as OpenEnv environments",
                 ("openenv", "fastapi", "uvicorn")),
+    # Training reports (orchard.recipes.reporting, --report-to): one extra a backend.
+    "tensorboard": ("reports to TensorBoard", ("tensorboard",)),
+    "wandb": ("reports to Weights & Biases", ("wandb",)),
+    "trackio": ("reports to trackio", ("trackio",)),
     "harbor": ("Harbor's CLI and its Orchard provider (Python >= 3.12: `make harbor`)",
                ("harbor",)),
 }

@@ -21,7 +21,8 @@ from orchard.env.server import EmbeddedOrchestrator
 from orchard.env.state import StateStore, open_store
 from tests.fakekube.cluster import FakeCluster
 
-pytest_plugins = ["tests.redis_server", "tests.registry", "tests.leakcheck"]
+pytest_plugins = ["tests.redis_server", "tests.registry", "tests.leakcheck",
+                  "tests.browser_harness"]
 
 # litellm (under mini-swe-agent and Harbor) fetches its price list from the internet when it is
 # imported. Tests send nothing off the machine, whichever test imports it first.

@@ -73,18 +73,25 @@ def demo(
              "OpenAI base URL, e.g. http://127.0.0.1:8000/v1.", show_default=False)] = None,
     judge_model: Annotated[str, typer.Option(help="The model the judge URL serves.")
                            ] = "judge",
+    report_to: Annotated[list[str] | None, typer.Option(
+        metavar="BACKEND",
+        help="Where each step's metrics go while it runs: jsonl (DIR/metrics.jsonl), "
+             "tensorboard (DIR/tensorboard), wandb, trackio, all (every one installed) or "
+             "none; repeat it or separate by commas (default: jsonl).",
+        show_default=False)] = None,
     orchestrator: OrchestratorOption = None,
 ) -> None:
     """The training pipeline end to end: teacher trajectories -> credit-assignment SFT -> BAR
     RL -> held-out evaluation, with real sandboxes and grading; prints the stage table."""
     from orchard.domains import run_demo
-    from orchard.recipes.demo_view import StageProgress, results_table
+    from orchard.recipes.demo_view import StageProgress, artifacts, results_table
 
     config = demo_config(domain, seed=seed, eval_n=eval_n, judge=judge,
                          judge_model=judge_model, device=device, lora_rank=lora_rank,
                          model=model, n_train=n_train, n_test=n_test, sft_steps=sft_steps,
                          rl_steps=rl_steps, rl_lr=rl_lr, ppo_epochs=ppo_epochs,
-                         minibatches=minibatches, paper_groups=paper_groups)
+                         minibatches=minibatches, paper_groups=paper_groups,
+                         report_to=report_to)
     if model == "smollm2":  # converted only once the options are known to be good
         from orchard.recipes.models import smollm2_dir
 
@@ -103,8 +110,9 @@ def demo(
     console.print(results_table(results, f"held-out {domain} tasks: {config.n_test} x "
                                          f"{config.eval_n} samples, the same request seeds "
                                          f"at every stage ({name}, seed {seed})"))
-    console.print(f"wall time {sum(results['seconds'].values()):.0f} s; "
-                  f"{out / 'results.json'}, {out / 'learning_curve.png'}")
+    console.print(f"wall time {sum(results['seconds'].values()):.0f} s")
+    for line in artifacts(out, results):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def demo_config(domain: str, *, seed: int = 0, eval_n: int | None = None,
@@ -113,7 +121,7 @@ def demo_config(domain: str, *, seed: int = 0, eval_n: int | None = None,
                 n_test: int | None = None, sft_steps: int | None = None,
                 rl_steps: int | None = None, rl_lr: float | None = None,
                 ppo_epochs: int | None = None, minibatches: int | None = None,
-                paper_groups: bool = False) -> DemoConfig:
+                paper_groups: bool = False, report_to: list[str] | None = None) -> DemoConfig:
     """The ``DemoConfig`` that ``orchard demo``'s options describe (``model``: a folder or
     a name); an option left None keeps the demo's value, or ``pretrained``'s with a model."""
     from dataclasses import replace
@@ -121,17 +129,22 @@ def demo_config(domain: str, *, seed: int = 0, eval_n: int | None = None,
     from orchard.domains.registry import demo_domain, demo_names
     from orchard.recipes.bar import BARConfig
     from orchard.recipes.demo import DemoConfig, pretrained
+    from orchard.recipes.reporting import parse_report_to
 
     names = demo_names()
     if domain not in names:
         choices = f"{', '.join(names[:-1])} or {names[-1]}"
         raise typer.BadParameter(f"--domain is {choices}, not {domain!r}")
+    try:  # checked here, before the orchestrator starts, not at the end of the teacher
+        reports = parse_report_to(report_to)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     if judge is not None and domain != "assistant":
         raise typer.BadParameter(f"--judge scores assistant rubrics; the {domain} domain has "
                                  "none: add --domain assistant or drop --judge")
     config = demo_domain(domain).configure(DemoConfig(
         domain=domain, seed=seed, judge=judge, judge_model=judge_model, device=device,
-        lora_rank=lora_rank))
+        lora_rank=lora_rank, report_to=reports))
     if model is not None:
         config = pretrained(replace(config, model=model))
     sizes = {"eval_n": eval_n, "n_train": n_train, "n_test": n_test}

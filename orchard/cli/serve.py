@@ -3,12 +3,18 @@ the agent bundle an injector image mounts (``agent-bundle``)."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from orchard.env.config import Settings
 
 app = typer.Typer()
 
@@ -49,9 +55,14 @@ def serve(
         typer.Option(help="Recording proxy URL that model_proxy sandboxes may reach, e.g. "
                      "http://127.0.0.1:8100 (`orchard proxy`).", envvar="ORCHARD_MODEL_PROXY"),
     ] = None,
+    console: Annotated[bool, typer.Option(
+        help="Serve the web console at /ui (docs/guides/console.md).")] = True,
+    runs_dir: Annotated[list[Path] | None, typer.Option(
+        help="A folder whose run directories and proxy stores the console may open "
+             "(repeatable). Default: the working directory.")] = None,
     log_level: str = "info",
 ) -> None:
-    """Run the orchestrator."""
+    """Run the orchestrator (and its web console at /ui)."""
     # The server drags in FastAPI and the backends, which the client commands do not need.
     from orchard.env.server import serve as run_server
 
@@ -61,7 +72,14 @@ def serve(
         allowed_origins=allowed_origin or None, data_dir=data_dir, max_sandboxes=max_sandboxes,
         max_concurrent_creates=max_concurrent_creates, reconcile_interval=reconcile_interval,
         model_proxy=model_proxy,
+        extend=functools.partial(_mount_console, runs_dirs=runs_dir) if console else None,
     )
+
+
+def _mount_console(app: FastAPI, settings: Settings, runs_dirs: list[Path] | None) -> None:
+    from orchard.console import mount_console
+
+    mount_console(app, settings.api_keys, runs_dirs)
 
 
 @app.command()

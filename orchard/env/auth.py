@@ -10,6 +10,9 @@ from orchard.env.errors import ServiceError
 from orchard.serving import presented_key
 
 SUBPROTOCOL_PREFIX = "api_key."
+# The console's login form stores the key here (HttpOnly, SameSite=Strict): its pages, the
+# terminal's WebSocket and the metrics charts call the API with it.
+KEY_COOKIE = "orchard_key"
 
 
 class AuthError(ServiceError):
@@ -32,8 +35,8 @@ def check_key(keys: list[str], given: str | None) -> None:
 
 
 def given_key(conn: HTTPConnection) -> str | None:
-    """The key in ``X-API-Key`` or ``Authorization: Bearer``."""
-    return presented_key(conn.headers)
+    """The key in ``X-API-Key`` or ``Authorization: Bearer``, else the console's cookie."""
+    return presented_key(conn.headers) or conn.cookies.get(KEY_COOKIE)
 
 
 def websocket_key(conn: HTTPConnection) -> tuple[str | None, str | None]:

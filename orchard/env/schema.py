@@ -147,10 +147,15 @@ class CreateSandboxRequest(StrictModel):
     @field_validator("labels")
     @classmethod
     def _labels_are_short(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, val in v.items():
-            if not (0 < len(k) <= 128) or len(val) > 1024:
-                raise ValueError(f"label {k!r}: keys must be 1-128 chars, values <= 1024 chars")
-        return v
+        return short_labels(v)
+
+
+def short_labels(labels: dict[str, str]) -> dict[str, str]:
+    """``labels``, or ValueError naming the first key or value that is too long or empty."""
+    for k, val in labels.items():
+        if not (0 < len(k) <= 128) or len(val) > 1024:
+            raise ValueError(f"label {k!r}: keys must be 1-128 chars, values <= 1024 chars")
+    return labels
 
 
 class LimitReport(BaseModel):
@@ -213,6 +218,18 @@ class SandboxInfo(BaseModel):
         if self.error is None and self.status == SandboxStatus.pending:
             return self.progress
         return self.error
+
+
+class SandboxUsage(BaseModel):
+    """What a sandbox uses now, from its cgroups and its writable layer (null: not measured
+    by this backend)."""
+
+    sandbox_id: str
+    cpu_seconds: float | None = Field(None, description="CPU time used since it started.")
+    memory_bytes: int | None = Field(None, description="Memory charged to it now.")
+    pids: int | None = Field(None, description="Processes running in it.")
+    disk_bytes: int | None = Field(
+        None, description="Bytes its processes have written (its writable layer, allocated).")
 
 
 class SandboxList(BaseModel):

@@ -12,7 +12,7 @@ import ipaddress
 import logging
 import os
 import resource
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +133,10 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, config: Path | None = None,
-          log_level: str = "info", **overrides: Any) -> None:
-    """Run the orchestrator until interrupted. Sandboxes outlive it and are re-adopted."""
+          log_level: str = "info", extend: Callable[[FastAPI, Settings], None] | None = None,
+          **overrides: Any) -> None:
+    """Run the orchestrator until interrupted. Sandboxes outlive it and are re-adopted.
+    ``extend`` adds to the app before it serves (the CLI mounts the console with it)."""
     settings = load_settings(config, **overrides)
     if not _is_loopback(host) and not settings.api_keys:
         raise SystemExit(f"refusing to listen on {host} without API keys: pass --api-key KEY "
@@ -145,6 +147,8 @@ def serve(host: str = "127.0.0.1", port: int = 8000, config: Path | None = None,
         app = build_app(settings)
     except DataDirInUse as e:
         raise SystemExit(str(e)) from None
+    if extend is not None:
+        extend(app, settings)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=10)
 
@@ -159,8 +163,12 @@ class EmbeddedOrchestrator(ThreadedServer):
     orchestrator.
     """
 
-    def __init__(self, data_dir: Path | None = None, **settings: Any) -> None:
+    def __init__(self, data_dir: Path | None = None,
+                 extend: Callable[[FastAPI, Settings], None] | None = None,
+                 **settings: Any) -> None:
+        """``extend`` adds to the app before it serves, as for :func:`serve`."""
         self._private: Path | None = None
+        self._extend = extend
         if data_dir is None:
             settings.setdefault("cache_dir", default_data_dir() / "local")
         else:
@@ -179,6 +187,8 @@ class EmbeddedOrchestrator(ThreadedServer):
             self.settings.images.dir = default_data_dir() / "images"
         try:
             self.app = build_app(self.settings, delete_on_shutdown=True)
+            if self._extend is not None:
+                self._extend(self.app, self.settings)
             return super().start(timeout)
         except BaseException:
             self._remove_private()

@@ -7,9 +7,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
-from orchard.env.schema import SANDBOX_ID_PATTERN, SandboxInfo, StrictModel
+from orchard.env.schema import SANDBOX_ID_PATTERN, SandboxInfo, StrictModel, short_labels
 
 
 class SnapshotStatus(StrEnum):
@@ -84,8 +84,9 @@ class SnapshotDeleted(BaseModel):
 
 class ForkRequest(StrictModel):
     count: int = Field(1, ge=1, le=1000, description="How many sandboxes to branch off.")
-    labels: dict[str, str] = Field(default_factory=dict, max_length=64,
-                                   description="Added to the source's labels on every fork.")
+    labels: Annotated[dict[str, str], AfterValidator(short_labels)] = Field(
+        default_factory=dict, max_length=64,
+        description="Added to the source's labels on every fork.")
     ttl: float | None = Field(None, gt=0, le=7 * 24 * 3600)
     keep_snapshot: bool = Field(
         False, description="Keep the snapshot the forks start from (else it is deleted once "

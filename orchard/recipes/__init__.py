@@ -1,7 +1,8 @@
 """Recipes: training methods on top of rollouts (credit-assignment SFT, BAR RL, on-policy
 distillation, value-model reranking), the training loop they share (``loop``: one optimizer
 step, one sample -> update -> sync -> log loop), the policy server they train against
-(``policy_server``) and the reference pipeline that runs them end to end (``demo``)."""
+(``policy_server``), where they report each step (``reporting``) and the reference pipeline
+that runs them end to end (``demo``)."""
 
 from orchard.extras import require
 
@@ -35,6 +36,7 @@ from orchard.recipes.loss import masked_nll, pad_right, ppo_clip_loss, shift, to
 from orchard.recipes.models import load_policy, save_policy, smollm2_dir, tiny_llama
 from orchard.recipes.montecarlo import Continuation, MonteCarloAnnotator
 from orchard.recipes.policy_server import FolderSync, PolicyEngine, PolicyServer
+from orchard.recipes.reporting import Reporter, open_reporters
 from orchard.recipes.rerank import (
     ValueModel,
     ValueModelConfig,
@@ -61,12 +63,13 @@ __all__ = [
     "AnnotationError", "Annotator", "BARConfig", "ChatTemplateError", "Continuation", "Demo",
     "DemoConfig", "FolderSync", "GroupResult", "JudgeError",
     "MonteCarloAnnotator",
-    "PolicyEngine", "PolicySampler", "PolicyServer", "RLConfig", "RetrospectiveAnnotator",
+    "PolicyEngine", "PolicySampler", "PolicyServer", "RLConfig", "Reporter",
+    "RetrospectiveAnnotator",
     "Rollout", "SFTConfig", "SFTExample", "Trajectory", "ValueCurve", "ValueModel",
     "ValueModelConfig", "annotate_all", "assemble", "bar_group", "best_of_n",
     "build_sft_dataset", "fill_batch", "filter_group", "grpo_advantages", "interpolate",
     "key_steps", "likelihood_rerank", "load_examples", "load_policy", "load_trajectories",
-    "masked_nll",
+    "masked_nll", "open_reporters",
     "pad_right", "ppo_clip_loss", "policy_update", "pretrained", "rerank_run", "run_demo",
     "save_examples", "save_policy", "select_turns", "sft_train", "shift", "smollm2_dir",
     "tiny_llama", "to_dataset", "token_logprobs", "tokenize_conversation", "train_rl",

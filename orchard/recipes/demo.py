@@ -14,7 +14,8 @@ Stages (each writes under ``out``):
    and the policy's own likelihood each pick one of the last stage's ``eval_n`` held-out
    candidates per task; against a random and an oracle pick.
 6. ``results.json`` (per stage: resolved rate and pass@k on held-out tasks, seeds, wall
-   times; the reranking report) and ``learning_curve.png``.
+   times; the reranking report) and ``learning_curve.png``; ``metrics.jsonl`` and the other
+   ``report_to`` backends' files (``orchard.recipes.reporting``) as each step ends.
 
 The policy is a tiny random-init Llama with the project's real BPE tokenizer, or any causal LM
 folder given as ``model`` (e.g. SmolLM2-135M-Instruct from ``orchard.recipes.models.
@@ -47,6 +48,7 @@ from orchard.recipes.models import load_policy, tiny_llama, with_lora
 from orchard.recipes.montecarlo import MonteCarloAnnotator
 from orchard.recipes.policy_server.server import PolicyServer
 from orchard.recipes.policy_server.weight_sync import ServedPolicy
+from orchard.recipes.reporting import Reporter, open_reporters, section
 from orchard.recipes.rerank import (
     ValueModel,
     ValueModelConfig,
@@ -146,6 +148,9 @@ class DemoConfig:
     reward base + 0.5 J gives BAR's advantages. "scripted": the domain's scripted judge on a local
     server; otherwise an OpenAI base URL serving ``judge_model``."""
     judge_model: str = "judge"
+    report_to: list[str] = field(default_factory=lambda: ["jsonl"])
+    """Where each step's metrics go as the run goes (``orchard.recipes.reporting``): jsonl
+    (``metrics.jsonl``), tensorboard, wandb, trackio, all or none."""
 
 
 def pretrained(config: DemoConfig) -> DemoConfig:
@@ -185,6 +190,7 @@ class Demo:
                  progress: StageProgress | None = None) -> None:
         self.out, self.config, self.client, self.log = out, config, client, log
         self.progress = progress
+        self.report: Reporter | None = None  # run() opens config.report_to's backends
         self._advance: Callable[..., None] = lambda n=1: None
         self.domain = domain  # config.domain's adapter: orchard.domains.demo_domain
         self.tasks = self.domain.tasks(config.n_train, config.n_test, config.seed)
@@ -290,6 +296,9 @@ class Demo:
                            on_result=lambda _: self._advance())
         stage = _stage_summary(summary, time.monotonic() - started)
         self.results["stages"][name] = stage
+        if (reporter := section(self.report, "eval")) is not None:
+            # One point per stage, in order (base 0, sft 1, sft_rl 2): a curve of the stages.
+            reporter.log(stage, len(self.results["stages"]) - 1)
         self.log(f"  {name}: resolved {stage['resolved_rate']:.1%} of "
                  f"{stage['rollouts']} held-out rollouts, pass@k {stage['pass_at_k']}")
         return stage
@@ -305,7 +314,8 @@ class Demo:
                 *sorted((self.out / rl).glob("step-*/round-*"))]
         value = ValueModel.tiny(tokenizer, replace(self.config.value, device=self.device))
         text_of = self.domain.text_of
-        fit = value.train(training_examples(runs, self.train, text_of=text_of))
+        fit = value.train(training_examples(runs, self.train, text_of=text_of),
+                          report=self.report)
         report = rerank_run(self.out / f"eval-{stage}", self.test, value, text_of=text_of,
                             fixes=known_fixes(runs))
         overall = report["overall"]
@@ -314,6 +324,8 @@ class Demo:
             overall["likelihood"] = likely["overall"]["value"]
             report["likelihood"] = likely
         self.results["rerank"] = {"train": fit, "runs": len(runs), **overall}
+        if (reporter := section(self.report, "rerank")) is not None:
+            reporter.log(overall, 0)
         likelihood = (f"policy-likelihood pick {overall['likelihood']:.1%}, "
                       if "likelihood" in overall else "")
         self.log(f"  best-of-{overall['n']} on held-out tasks: value pick "
@@ -325,6 +337,10 @@ class Demo:
 
     def run(self) -> dict[str, Any]:
         with contextlib.ExitStack() as stack:
+            reporters = stack.enter_context(open_reporters(
+                self.config.report_to, self.out, self.out.name, self.results["config"]))
+            self.report = reporters
+            self.results["reporting"] = reporters.where
             if self.config.judge is not None:
                 url = self.config.judge
                 if url == "scripted":
@@ -356,7 +372,8 @@ class Demo:
         """SFT on every core (nothing else runs meanwhile); ``server`` then serves the result."""
         cfg = self.config
         with self._alone():
-            log = sft_train(model, examples, cfg.sft, on_step=lambda _: self._advance())
+            log = sft_train(model, examples, cfg.sft, on_step=lambda _: self._advance(),
+                            report=self.report)
         model.eval()
         server.update(model)
         self.results["sft"] = {"steps": len(log), "first_loss": log[0]["loss"],
@@ -379,7 +396,8 @@ class Demo:
 
         log = train_rl(
             model, self.train, self.client, server, self.out / name, config or self.config.rl,
-            harness=self._policy_harness(server), on_step=step_done, resume=resume)
+            harness=self._policy_harness(server), on_step=step_done, resume=resume,
+            report=self.report)
         self.results[name] = log
         return log
 

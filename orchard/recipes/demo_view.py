@@ -1,6 +1,6 @@
 """What the demo shows while it runs and when it ends: a progress bar per stage (done / total,
 elapsed, ETA), the results table (each stage's held-out rate and its paired difference to the
-stage before), and the PNG of the stages."""
+stage before), the PNG of the stages, and where its artifacts are."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from rich.console import Console
 from rich.progress import (
@@ -23,6 +24,8 @@ from rich.table import Table
 
 PAIRS = (("sft", "base"), ("sft_rl", "sft"), ("sft_rl", "base"))
 """The paired differences the demo reports: (stage, reference)."""
+CONSOLE = "http://127.0.0.1:8000"
+"""Where ``orchard serve`` (its defaults) serves the web console."""
 
 
 class StageProgress:
@@ -119,3 +122,23 @@ def draw_stages(sft_log: list[dict[str, Any]], rl_log: list[dict[str, Any]],
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def artifacts(out: Path, results: dict[str, Any]) -> list[str]:
+    """The lines that end the demo: where its results, charts and metrics are, and the console
+    page of each run of rollouts (the teacher's, each held-out evaluation's)."""
+    out = out.resolve()
+    lines = [f"results table: {out / 'results.json'}",
+             *(f"chart: {png}" for png in sorted(out.glob("*.png")))]
+    for backend, where in results.get("reporting", {}).items():
+        line = f"{backend}: {where}"
+        if backend == "tensorboard":
+            line += f" (tensorboard --logdir {where})"
+        lines.append(line)
+    runs = [out / "teacher", *(out / f"eval-{name}" for name in results["stages"])]
+    runs = [run for run in runs if (run / "rollouts.jsonl").exists()]
+    if runs:
+        lines.append("rollouts in the console (after `orchard serve`):")
+        lines += [f"  {run.name}: {CONSOLE}/ui/runs?path={quote(str(run), safe='/')}"
+                  for run in runs]
+    return lines

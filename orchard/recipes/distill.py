@@ -31,6 +31,7 @@ from orchard.eval.harness import Harness
 from orchard.recipes.loop import adamw, train_loop
 from orchard.recipes.loss import pad_id_of, token_logprobs
 from orchard.recipes.policy_server.weight_sync import ServesWeights
+from orchard.recipes.reporting import Reporter, section
 from orchard.recipes.rl import PolicySampler, RLConfig, policy_update
 from orchard.rollout.traces.samples import Sample
 from orchard.tasks.protocol import Task
@@ -85,11 +86,12 @@ def distill_step(student: torch.nn.Module, teacher: torch.nn.Module,
 def train_distill(student: torch.nn.Module, teacher: torch.nn.Module,
                   tasks: Sequence[Task], client: SandboxClient, server: ServesWeights,
                   harness: Harness, out: Path, config: RLConfig, *, rollouts_per_step: int = 4,
-                  on_step: Callable[[dict[str, Any]], None] | None = None
-                  ) -> list[dict[str, Any]]:
+                  on_step: Callable[[dict[str, Any]], None] | None = None,
+                  report: Reporter | None = None) -> list[dict[str, Any]]:
     """``config.steps`` distillation steps: each samples ``rollouts_per_step`` rollouts of a
     task (in turn) by the student behind ``server`` through ``harness``, updates the student
-    on them and pushes its weights to the server. One record per step (also out/distill.jsonl);
+    on them and pushes its weights to the server. One record per step (also out/distill.jsonl,
+    and its numbers to ``report`` under ``distill/``);
     the loop is ``loop.train_loop``, as in RL. The task's grade is kept for the record only:
     the teacher is the whole signal."""
     if not tasks:
@@ -109,7 +111,8 @@ def train_distill(student: torch.nn.Module, teacher: torch.nn.Module,
         return distill_step(student, teacher, optimizer, samples, config)
 
     return train_loop(student, server, config.steps, sample=sample, update=update,
-                      log=out / "distill.jsonl", on_step=on_step)
+                      log=out / "distill.jsonl", on_step=on_step,
+                      report=section(report, "distill"))
 
 
 __all__ = ["distill_pairs", "distill_step", "reverse_kl", "teacher_logprobs", "train_distill"]

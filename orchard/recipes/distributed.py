@@ -5,20 +5,23 @@ A run reads SFT examples (``save_examples`` JSONL, e.g. the demo's ``sft.jsonl``
 folder, trains on every process (each takes its rows of every batch; gradients are averaged
 before each step) and the main process writes the trained policy folder. Each process writes
 its metrics and a checksum of its final weights to ``out/rank-<i>.json``, which shows that
-they agree.
+they agree. The main process also reports each step as ``--report-to`` says
+(``orchard.recipes.reporting``; ``out/metrics.jsonl`` by default).
 
     # two processes on a machine without GPUs (what the tests run; they talk over gloo)
     accelerate launch --multi_gpu --num_processes 2 -m orchard.recipes.distributed \\
         --examples runs/demo/sft.jsonl --model MODEL_DIR --out runs/sft-ddp
     # eight GPUs on one machine
     accelerate launch --multi_gpu --num_processes 8 -m orchard.recipes.distributed \\
-        --examples sft.jsonl --model MODEL_DIR --out OUT --lr 1e-5 --batch-size 64
+        --examples sft.jsonl --model MODEL_DIR --out OUT --lr 1e-5 --batch-size 64 \\
+        --report-to tensorboard
     # several machines: --num_machines N --machine_rank R --main_process_ip HOST on each
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
@@ -26,7 +29,9 @@ from pathlib import Path
 
 import torch
 
+from orchard.extras import MissingExtra
 from orchard.recipes.models import load_policy, save_policy, served_weights, with_lora
+from orchard.recipes.reporting import CHOICES, open_reporters, parse_report_to
 from orchard.recipes.sft import SFTConfig, load_examples, sft_train
 
 
@@ -55,7 +60,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--lora-rank", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report-to", action="append", metavar="BACKEND",
+                        help=f"where the main process reports each step: {', '.join(CHOICES)}; "
+                             "repeat it or separate by commas (default: jsonl)")
     args = parser.parse_args(argv)
+    try:  # before the model loads: a typo costs no time
+        parse_report_to(args.report_to)
+    except (ValueError, MissingExtra) as exc:
+        parser.error(str(exc))
 
     # Without a GPU the processes train on CPUs and talk over gloo.
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
@@ -65,7 +77,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     examples = load_examples(args.examples)
     config = SFTConfig(lr=args.lr, epochs=args.epochs, batch_size=args.batch_size,
                        max_steps=args.max_steps, warmup=args.warmup, seed=args.seed)
-    history = sft_train(model, examples, config, accelerator=accelerator)
+    settings = json.loads(json.dumps(vars(args), default=str))  # paths as text
+    with contextlib.ExitStack() as stack:
+        # One process reports: the others' metrics are their share of the same steps.
+        report = (stack.enter_context(open_reporters(args.report_to, args.out, args.out.name,
+                                                     settings))
+                  if accelerator.is_main_process else None)
+        history = sft_train(model, examples, config, accelerator=accelerator, report=report)
     trained = accelerator.unwrap_model(model)
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"rank": accelerator.process_index, "world": accelerator.num_processes,

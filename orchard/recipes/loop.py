@@ -17,7 +17,6 @@ and logs one record per step.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+
+from orchard.recipes.reporting import JsonlReporter, Reporter
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -93,7 +94,8 @@ def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
                sample: Callable[[int], tuple[Data, dict[str, Any]]],
                update: Callable[[Data], dict[str, Any]], log: Path,
                on_step: Callable[[dict[str, Any]], None] | None = None, start: int = 0,
-               update_threads: int | None = None) -> list[dict[str, Any]]:
+               update_threads: int | None = None, report: Reporter | None = None
+               ) -> list[dict[str, Any]]:
     """Steps ``start`` .. ``steps`` - 1 of sample -> update -> sync -> log (``start``: where a
     resumed run picks up); returns one record per step run.
 
@@ -101,10 +103,12 @@ def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
     sampling (``rollout_seconds``), training (``train_seconds``) and in all (``seconds``), and
     the ``weights_version`` the server holds after the sync. A step whose sampling gave no data
     trains on nothing and syncs nothing (e.g. BAR dropped every group). Records are appended
-    to ``log`` as JSON lines as they are made, and handed to ``on_step``.
+    to ``log`` as JSON lines as they are made, handed to ``report`` (a ``Reporter``, e.g. the
+    recipe's ``section`` of ``open_reporters``) and to ``on_step``.
 
     ``update_threads`` runs ``update`` on that many torch threads (0: every core; None: as
     set). Sampling is over by then, so on a CPU the update can have the whole machine."""
+    journal = JsonlReporter(log)
     history: list[dict[str, Any]] = []
     for step in range(start, steps):
         started = time.monotonic()
@@ -122,8 +126,9 @@ def train_loop(model: torch.nn.Module, server: ServesWeights, steps: int, *,
             record["train_seconds"] = 0.0
         record["seconds"] = time.monotonic() - started
         history.append(record)
-        with log.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        journal.log(record, step)
+        if report is not None:
+            report.log(record, step)
         if on_step is not None:
             on_step(record)
     return history

@@ -40,6 +40,7 @@ from transformers import (
 from orchard.eval.results import RolloutResult, read_results
 from orchard.recipes.loop import optimizer_step
 from orchard.recipes.loss import pad_right, shift, token_logprobs
+from orchard.recipes.reporting import Reporter, section
 from orchard.recipes.sft import ChatTemplateError, tokenize_conversation
 from orchard.recipes.trajectories import Trajectory, from_result
 from orchard.rollout.tokenizer import load_tokenizer
@@ -260,9 +261,11 @@ class ValueModel:
         ids, mask = self._batch(rows)
         return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 0]
 
-    def train(self, examples: Sequence[tuple[str, bool]]) -> dict[str, Any]:
+    def train(self, examples: Sequence[tuple[str, bool]], *, report: Reporter | None = None
+              ) -> dict[str, Any]:
         """Fit P(resolved | text) with binary cross-entropy, AdamW and gradient clipping;
-        returns the mean loss of each epoch and the counts."""
+        returns the mean loss of each epoch and the counts. ``report`` gets each epoch's mean
+        loss under ``value/``."""
         if not examples:
             raise ValueError("no training examples: give (text, resolved) pairs from graded "
                              "rollouts (see training_examples)")
@@ -278,8 +281,9 @@ class ValueModel:
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
         params = list(self.model.parameters())
         self.model.train()
+        report = section(report, "value")
         epoch_loss = []
-        for _ in range(cfg.epochs):
+        for epoch in range(cfg.epochs):
             losses = []
             for batch in torch.randperm(len(rows), generator=generator).split(cfg.batch_size):
                 logits = self._logits([rows[i] for i in batch.tolist()])
@@ -287,6 +291,8 @@ class ValueModel:
                 optimizer_step(optimizer, params, [loss], grad_clip=1.0)
                 losses.append(loss.item())
             epoch_loss.append(mean(losses))
+            if report is not None:
+                report.log({"loss": epoch_loss[-1]}, epoch)
         self.model.eval()
         return {"epoch_loss": epoch_loss, "examples": len(rows),
                 "resolved": int(labels.sum().item()),

@@ -51,6 +51,7 @@ from orchard.recipes.bar import (
 from orchard.recipes.loop import adamw, optimizer_step, train_loop, trainable
 from orchard.recipes.loss import pad_id_of, pad_right, ppo_clip_loss, shift, token_logprobs
 from orchard.recipes.policy_server.weight_sync import ServesWeights
+from orchard.recipes.reporting import Reporter, section
 from orchard.rollout.seeds import stable_seed
 from orchard.rollout.traces.samples import Sample, build_samples
 from orchard.tasks.protocol import Task
@@ -338,13 +339,14 @@ def step_warnings(stats: dict[str, Any], config: RLConfig) -> list[str]:
 def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
              client: SandboxClient, server: ServesWeights, out: Path, config: RLConfig, *,
              harness: Harness, on_step: Callable[[dict[str, Any]], None] | None = None,
-             resume: bool = False) -> list[dict[str, Any]]:
+             resume: bool = False, report: Reporter | None = None) -> list[dict[str, Any]]:
     """``config.steps`` BAR RL steps on ``tasks``; ``server`` serves ``model`` and gets its new
     weights after each step (a ``PolicyServer``, or an external engine's ``FolderSync``). The
     rollouts are ``harness``'s, calling the server (e.g. the domain's policy harness:
     ``MiniSweAgentHarness(server.url, model, render_with=tokenizer_dir)`` for SWE tasks, the
     browser agent for web tasks). Returns one record per step (also appended to
-    out/rl.jsonl); the loop is ``loop.train_loop``.
+    out/rl.jsonl, and its numbers to ``report`` under ``rl/``); the loop is
+    ``loop.train_loop``.
 
     A record whose update looks inert or too large carries ``warnings`` (``step_warnings``),
     also logged. After each step (and after ``on_step``, e.g. an evaluation) the model, the
@@ -384,7 +386,8 @@ def train_rl(model: torch.nn.Module, tasks: Sequence[Task],
 
     return history + train_loop(model, server, config.steps, sample=sample, update=update,
                                 log=out / "rl.jsonl", on_step=after, start=len(history),
-                                update_threads=config.update_threads)
+                                update_threads=config.update_threads,
+                                report=section(report, "rl"))
 
 
 def _reference(out: Path, model: torch.nn.Module) -> torch.nn.Module:

@@ -32,6 +32,7 @@ import torch
 
 from orchard.recipes.loop import adamw, optimizer_step, trainable
 from orchard.recipes.loss import masked_nll, pad_id_of, pad_right, shift, token_logprobs
+from orchard.recipes.reporting import Reporter, section
 from orchard.recipes.trajectories import Trajectory
 from orchard.rollout.tokenizer import apply_template
 
@@ -310,10 +311,11 @@ def sft_steps(config: SFTConfig, examples: int) -> int:
 
 def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SFTConfig, *,
               on_step: Callable[[dict[str, Any]], None] | None = None,
-              accelerator: Accelerator | None = None) -> list[dict[str, Any]]:
+              accelerator: Accelerator | None = None, report: Reporter | None = None
+              ) -> list[dict[str, Any]]:
     """Train ``model`` in place on ``examples``; returns one metrics dict per optimizer step:
     step, epoch, loss, tokens (non-pad tokens in the batch), trained_tokens, tokens_per_s, lr,
-    grad_norm. ``on_step`` gets each dict as it is made.
+    grad_norm. ``on_step`` gets each dict as it is made, ``report`` its numbers under ``sft/``.
 
     With an ``accelerator`` (run under ``accelerate launch``), each process takes its share of
     every batch (rows rank, rank + world, ...), and the gradients are averaged across processes
@@ -337,6 +339,7 @@ def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SF
         model, optimizer = accelerator.prepare(model, optimizer)
 
     model.train()
+    report = section(report, "sft")
     history: list[dict[str, Any]] = []
     for epoch in range(config.epochs):
         order = list(range(len(examples)))
@@ -362,6 +365,8 @@ def sft_train(model: torch.nn.Module, examples: Sequence[SFTExample], config: SF
                        "tokens_per_s": tokens / seconds, "lr": lr,
                        "grad_norm": grad_norm}
             history.append(metrics)
+            if report is not None:
+                report.log(metrics, step)
             if on_step is not None:
                 on_step(metrics)
             if step % config.log_every == 0 or step == total - 1:

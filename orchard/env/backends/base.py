@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from orchard.env.errors import OrchestratorError
 from orchard.env.image_schema import ImageInfo, ImageList, ImagesRemoved
-from orchard.env.schema import LimitReport
+from orchard.env.schema import LimitReport, SandboxUsage
 
 
 class BackendError(OrchestratorError, RuntimeError):
@@ -188,6 +188,10 @@ class Backend(Protocol):
 
     async def resume(self, sandbox_id: str) -> None:
         """Let a paused sandbox's processes run on."""
+        ...
+
+    async def usage(self, sandbox_id: str) -> SandboxUsage:
+        """What the sandbox uses now; fields this backend cannot measure stay None."""
         ...
 
     async def prepare_browser(self) -> None:

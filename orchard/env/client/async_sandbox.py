@@ -55,6 +55,10 @@ class AsyncSandbox(SandboxBase):
         self.info = await self._client._call(API.heartbeat(self.id))
         return self.info
 
+    async def usage(self) -> schema.SandboxUsage:
+        """CPU time, memory, processes and disk it uses now (None: not measured here)."""
+        return await self._client._call(API.usage(self.id))
+
     async def delete(self) -> None:
         await self._client.delete_sandbox(self.id)
 

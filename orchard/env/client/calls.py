@@ -216,6 +216,10 @@ class API:
         return Call("POST", f"/sandboxes/{_seg(sandbox_id)}/heartbeat", _model(schema.SandboxInfo))
 
     @staticmethod
+    def usage(sandbox_id: str) -> Call[schema.SandboxUsage]:
+        return Call("GET", f"/sandboxes/{_seg(sandbox_id)}/usage", _model(schema.SandboxUsage))
+
+    @staticmethod
     def snapshot(sandbox_id: str, request: snapshot_schema.SnapshotRequest
                  ) -> Call[snapshot_schema.SnapshotInfo]:
         # Copying a big sandbox takes a while; with an id, a resent one finds the first.

@@ -60,6 +60,10 @@ class Sandbox(SandboxBase):
         self.info = self._client._call(API.heartbeat(self.id))
         return self.info
 
+    def usage(self) -> schema.SandboxUsage:
+        """CPU time, memory, processes and disk it uses now (None: not measured here)."""
+        return self._client._call(API.usage(self.id))
+
     def delete(self) -> None:
         self._client.delete_sandbox(self.id)
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from orchard.env.errors import ServiceError
+from orchard.env.errors import Conflict, ServiceError
 from orchard.env.routes.common import ERRORS, IMAGE_ERRORS, MAX_SEQ, MAX_WAIT, label_filter
 from orchard.env.schema import (
     CreateSandboxRequest,
@@ -14,6 +14,8 @@ from orchard.env.schema import (
     EventList,
     SandboxInfo,
     SandboxList,
+    SandboxStatus,
+    SandboxUsage,
 )
 from orchard.env.service import SandboxService
 
@@ -62,6 +64,16 @@ def router(service: SandboxService, secured: list[Any]) -> APIRouter:
     @api.get("/sandboxes/{sid}", response_model=SandboxInfo)
     async def get_sandbox(sid: str) -> SandboxInfo:
         return await service.records.get(sid)
+
+    @api.get("/sandboxes/{sid}/usage", response_model=SandboxUsage)
+    async def sandbox_usage(sid: str) -> SandboxUsage:
+        """CPU time, memory, processes and disk a running or paused sandbox uses now (null:
+        the backend cannot measure it; Kubernetes measures none)."""
+        rec = await service.records.get(sid)
+        if rec.status not in (SandboxStatus.running, SandboxStatus.paused):
+            raise Conflict(f"sandbox {sid} is {rec.status.value}: only a running or paused "
+                           "sandbox uses anything")
+        return await service.backend.usage(sid)
 
     @api.get("/sandboxes/{sid}/wait", response_model=SandboxInfo)
     async def wait_sandbox(sid: str, timeout: Annotated[float, Query(gt=0)] = 60

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+from pydantic import ValidationError
+
 from orchard.env.backends.base import Backend, BackendError
 from orchard.env.config import Settings
-from orchard.env.errors import Conflict, Overloaded
+from orchard.env.errors import BadRequest, Conflict, Overloaded
 from orchard.env.events import EventLog
 from orchard.env.schema import CreateSandboxRequest, EventKind, SandboxInfo, SandboxStatus
 from orchard.env.service.background import Background
@@ -45,14 +47,20 @@ class Branching:
             raise Overloaded(f"forking {req.count} would make {live + req.count} live sandboxes, "
                              f"over the limit of {self.settings.max_sandboxes}; delete some or "
                              "fork fewer", 2)
+        # Checked before the snapshot, so that a create it would refuse leaves nothing behind.
+        try:
+            base = CreateSandboxRequest(
+                image=rec.image, block_network=rec.block_network, egress=rec.egress,
+                cpu=rec.cpu, memory=rec.memory, pids=rec.pids, disk=rec.disk, env=rec.env,
+                ttl=req.ttl, workdir=rec.workdir,
+                labels={**rec.labels, **req.labels, FORK_LABEL: sid},
+                exclusive_exec=rec.exclusive_exec)
+        except ValidationError as e:  # the source's labels and the fork's, over 64 together
+            raise BadRequest(f"cannot fork {sid}: {e.errors()[0]['msg']}; give the forks fewer "
+                             "labels (they carry the source's labels and these)") from None
         snap = await self.snapshots.snapshot(sid, SnapshotRequest(labels={FORK_LABEL: sid},
                                                                   memory=req.memory))
-        base = CreateSandboxRequest(
-            image=rec.image, block_network=rec.block_network, egress=rec.egress, cpu=rec.cpu,
-            memory=rec.memory, pids=rec.pids, disk=rec.disk, env=rec.env, ttl=req.ttl,
-            workdir=rec.workdir,
-            labels={**rec.labels, **req.labels, FORK_LABEL: sid},
-            exclusive_exec=rec.exclusive_exec, from_snapshot=snap.snapshot_id)
+        base = base.model_copy(update={"from_snapshot": snap.snapshot_id})
         forks = [await self.lifecycle.create(base, queued=True) for _ in range(req.count)]
         if not req.keep_snapshot:
             # Deleted once every fork has pinned its files (or failed): until then the

@@ -46,7 +46,7 @@ from orchard.env.backends.kubernetes.manifests import (
 )
 from orchard.env.backends.kubernetes.snapshots import PodSnapshots, signal_pod
 from orchard.env.quantities import parse_memory
-from orchard.env.schema import LimitReport, parse_egress_entry
+from orchard.env.schema import LimitReport, SandboxUsage, parse_egress_entry
 
 log = logging.getLogger("orchard.env.kubernetes")
 # Waiting reasons that no amount of waiting fixes: fail the create at once, saying why.
@@ -401,6 +401,10 @@ class KubernetesBackend:
 
     async def list_snapshots(self) -> set[str]:
         return await self.snapshots.list()
+
+    async def usage(self, sandbox_id: str) -> SandboxUsage:
+        # Reading a pod's use needs metrics-server, which a cluster may not run.
+        return SandboxUsage(sandbox_id=sandbox_id)
 
     async def pause(self, sandbox_id: str) -> None:
         async with self._agent(sandbox_id) as agent:

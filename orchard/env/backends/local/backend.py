@@ -67,10 +67,11 @@ from orchard.env.backends.local.reaper import Reaper
 from orchard.env.backends.local.relay import MARKER, MODEL_PORT, MODEL_SOCKET, ModelRelays
 from orchard.env.backends.local.seccomp import write_filter
 from orchard.env.backends.local.snapshots import SnapshotLayers, SnapshotTaker
+from orchard.env.backends.local.usage import measure
 from orchard.env.backends.local.userns import UidRangeError, UidRanges, uid_of
 from orchard.env.datadir import private_dir
 from orchard.env.images_config import ImagesConfig
-from orchard.env.schema import LimitReport
+from orchard.env.schema import LimitReport, SandboxUsage
 
 log = logging.getLogger("orchard.env")
 SOCKET_NAME = "agent.sock"
@@ -464,6 +465,9 @@ class LocalBackend:
 
     async def list_snapshots(self) -> set[str]:
         return await asyncio.to_thread(self.snapshots.list)
+
+    async def usage(self, sandbox_id: str) -> SandboxUsage:
+        return await asyncio.to_thread(measure, self.cgroups, self._dir(sandbox_id), sandbox_id)
 
     async def pause(self, sandbox_id: str) -> None:
         try:

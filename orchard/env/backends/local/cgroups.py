@@ -333,6 +333,15 @@ class CgroupManager:
         text = read_file(self._dir(h, sandbox_id) / filename)
         return int(text) if text else None
 
+    def cpu_seconds(self, sandbox_id: str) -> float | None:
+        """CPU time its processes have used, or None without a cgroup that counts it."""
+        if self._v2 is not None:
+            usec = keyed(read_file(self._dir(self._v2, sandbox_id) / "cpu.stat"), "usage_usec")
+            return None if usec is None else usec / 1e6
+        h = self._controllers["cpu"]
+        text = read_file(self._dir(h, sandbox_id) / "cpuacct.usage") if h else None
+        return int(text) / 1e9 if text else None
+
     def oom_killed(self, sandbox_id: str) -> bool:
         """Whether the kernel OOM-killed anything in the sandbox because of its memory limit."""
         h = self._controllers["memory"]
