@@ -149,6 +149,7 @@ def test_fork_snapshot_and_delete_with_confirmation(browser_page: Page, console_
     page.goto(f"{console_url}/ui/snapshots")
     expect(page.locator("tbody")).to_contain_text(sb.id)
     check_accessibility(page)
+    check_keyboard(page, ["tbody button.danger"])
     save_screenshot(page, "console-snapshots")
     for f in fork_ids:
         sdk.delete_sandbox(f)
@@ -176,6 +177,7 @@ def test_the_other_pages_and_a_bad_id(browser_page: Page, console_url: str,
         page.goto(f"{console_url}{path}")
         expect(page.get_by_role("heading", level=1)).to_be_visible()
         check_accessibility(page)
+        check_keyboard(page, ['nav a[href="/ui/runs"]', "header button"])
     page.goto(f"{console_url}/ui/sandboxes/sb-000000000000")
     expect(page.get_by_role("alert")).to_contain_text("no sandbox 'sb-000000000000'")
     check_accessibility(page)

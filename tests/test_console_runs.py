@@ -23,7 +23,7 @@ from orchard.env.schema import EventKind, SandboxEvent
 from orchard.eval import RunConfig, evaluate, read_results
 from orchard.eval.results import RolloutResult
 from orchard.rollout.traces.trace import build_trace
-from tests.browser_harness import check_accessibility, save_screenshot
+from tests.browser_harness import check_accessibility, check_keyboard, save_screenshot
 from tests.conftest import dedicated_orchestrator, needs_browser, needs_root
 
 if TYPE_CHECKING:
@@ -96,6 +96,9 @@ def test_the_run_page_shows_the_report_and_links_every_rollout(
     assert any(f"{tasks[0]} 100.0%, {tasks[1]} 0.0%" in html.unescape(x) for x in labels)
     assert '<label for="pick-a">' in page and '<label for="pick-b">' in page
     assert "The recording proxy's sessions of this run" in seen
+    # The runs page lists the run dirs in the folders it may read, this one among them.
+    listed = get(server, "/ui/runs", {})
+    assert f'<span class="muted mono">{run_dir}</span>' in listed
 
 
 def test_a_rollouts_timeline_shows_its_commands_messages_and_log_probs(
@@ -299,11 +302,14 @@ def test_open_a_run_and_step_through_a_trace_in_a_browser(
     page.goto(str(server.base_url.join("/ui/runs")))
     page.get_by_label("API key").fill(KEY)  # sent to the login form first
     page.get_by_role("button", name="Log in").click()
+    check_keyboard(page, ["#path"])
     page.get_by_label("Directory on the server").fill(str(run_dir))
     page.get_by_role("button", name="Open").click()
     expect(page.get_by_role("heading", level=1)).to_contain_text("Run")
     save_screenshot(page, "console-run")
     solved = next(r for r in read_results(run_dir) if r.resolved)
+    # Every rollout's trace and the comparison form are reachable by Tab alone.
+    check_keyboard(page, ["#pick-a", "#pick-b", f'a[href*="rollout={solved.rollout_id}"]'])
     page.get_by_role("link", name=solved.rollout_id, exact=True).click()
     expect(page.get_by_role("heading", level=1)).to_contain_text(solved.rollout_id)
     expect(page.locator(".timeline")).to_contain_text("git apply")
@@ -317,6 +323,7 @@ def test_open_a_run_and_step_through_a_trace_in_a_browser(
         {"path": str(hand), "rollout": hand_id})))
     expect(page.locator("img[alt^='screenshot at step']")).to_have_count(1)
     expect(page.locator("#step-51")).to_have_count(0)
+    check_keyboard(page, ["a[href*='offset=50']"])
     page.get_by_role("link", name="Later steps").first.click()
     expect(page.locator("#step-51")).to_be_visible()
     page.get_by_role("link", name="Earlier steps").first.click()

@@ -136,6 +136,10 @@ def test_server_extra_alone_runs_the_orchestrator(tmp_path: Path) -> None:
         with httpx.Client(base_url=url, timeout=60) as http:
             sid = create_ready(http, {"image": "host"})
             assert run(http, sid, command="echo served")["stdout"] == "served\n"
+            # The console comes with it; its run pages say what they need.
+            assert sid in http.get("/ui/sandboxes").text
+            runs = http.get("/ui/runs", params={"path": "runs/x"})
+            assert runs.status_code == 501 and "pip install" in runs.text, runs.text
             assert http.delete(f"/sandboxes/{sid}").status_code == 200
     finally:
         server.send_signal(signal.SIGTERM)

@@ -55,8 +55,9 @@ def serve(
         typer.Option(help="Recording proxy URL that model_proxy sandboxes may reach, e.g. "
                      "http://127.0.0.1:8100 (`orchard proxy`).", envvar="ORCHARD_MODEL_PROXY"),
     ] = None,
-    console: Annotated[bool, typer.Option(
-        help="Serve the web console at /ui (docs/guides/console.md).")] = True,
+    no_console: Annotated[bool, typer.Option(
+        "--no-console", help="Serve the API alone, without the web console at /ui "
+        "(docs/guides/console.md).")] = False,
     runs_dir: Annotated[list[Path] | None, typer.Option(
         help="A folder whose run directories and proxy stores the console may open "
              "(repeatable). Default: the working directory.")] = None,
@@ -72,7 +73,7 @@ def serve(
         allowed_origins=allowed_origin or None, data_dir=data_dir, max_sandboxes=max_sandboxes,
         max_concurrent_creates=max_concurrent_creates, reconcile_interval=reconcile_interval,
         model_proxy=model_proxy,
-        extend=functools.partial(_mount_console, runs_dirs=runs_dir) if console else None,
+        extend=functools.partial(_mount_console, runs_dirs=runs_dir) if not no_console else None,
     )
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from orchard.console import resources, runs, sandboxes
+from orchard.console import resources, sandboxes
 from orchard.console.pages import (
     HERE,
     Console,
@@ -21,6 +21,7 @@ from orchard.console.pages import (
     to_login,
 )
 from orchard.env.auth import KEY_COOKIE, AuthError, check_key
+from orchard.extras import MissingExtra
 
 # The login form's body is one short field; anything longer is not a key.
 MAX_LOGIN_BODY = 4096
@@ -34,8 +35,27 @@ def mount_console(app: FastAPI, api_keys: list[str],
     app.add_exception_handler(ConsoleError, error_page)
     app.add_exception_handler(LoginRequired, to_login)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="console-static")
-    for router in (_login_router(), sandboxes.router(), resources.router(), runs.router()):
+    for router in (_login_router(), sandboxes.router(), resources.router(), _runs_router()):
         app.include_router(router, include_in_schema=False)
+
+
+def _runs_router() -> APIRouter:
+    """The run pages, which read traces and reports with the rollout and eval layers; an
+    orchestrator installed with [server] alone answers them with what to install."""
+    try:
+        from orchard.console import runs
+    except MissingExtra as e:
+        missing = str(e)
+        ui = APIRouter(prefix="/ui/runs")
+
+        @ui.get("")
+        @ui.get("/{page}")
+        async def not_installed(request: Request) -> Response:
+            request.app.state.console.check(request)
+            raise ConsoleError(501, f"the run pages cannot be shown: {missing}")
+
+        return ui
+    return runs.router()
 
 
 def _login_router() -> APIRouter:

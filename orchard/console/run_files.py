@@ -75,19 +75,20 @@ def sessions(store: Path) -> list[str]:
         return []
 
 
-def found_runs(limit: int = 50) -> list[Path]:
-    """Run directories and stores under ./runs of the server's working directory, newest
+def found_runs(roots: list[Path], limit: int = 50) -> list[Path]:
+    """Run directories and stores in the allowed folders and their runs/ subfolders, newest
     first: what `orchard eval --out runs/NAME` makes."""
-    root = Path.cwd() / "runs"
-    try:
-        dirs = [(p.stat().st_mtime, p) for p in root.iterdir() if p.is_dir()]
-    except OSError:
-        return []
+    dirs = []
+    for parent in {p for root in roots for p in (root, root / "runs")}:
+        try:
+            dirs += [(p.stat().st_mtime, p) for p in parent.iterdir() if p.is_dir()]
+        except OSError:
+            continue  # no runs/ there, or one that vanished while listed
     found = []
     for _, d in sorted(dirs, reverse=True):
         try:
             kind_of(d)
-        except ConsoleError:
+        except (ConsoleError, OSError):
             continue
         found.append(d)
         if len(found) == limit:

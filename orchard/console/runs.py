@@ -53,7 +53,8 @@ def router() -> APIRouter:
     def runs(request: Request, path: str = "", offset: str = "") -> Response:
         request.app.state.console.check(request)
         if not path:
-            return render(request, "runs.html", found=files.found_runs())
+            roots = request.app.state.console.runs_roots
+            return render(request, "runs.html", found=files.found_runs(roots), roots=roots)
         d, note = files.resolve(path, request.app.state.console.runs_roots)
         if files.kind_of(d) == "proxy":
             return _store(request, d, note, _offset(offset))
