@@ -5,26 +5,19 @@ a policy folder that loads back with those weights."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 from orchard.recipes.distributed import weights_digest
-from orchard.recipes.models import load_policy, save_policy, tiny_llama
-from orchard.recipes.sft import SFTExample, save_examples
-from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
+from orchard.recipes.models import load_policy
+from tests.tiny_sft import write_sft_inputs
 
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 
 
 def test_two_processes_train_one_model(tmp_path: Path) -> None:
-    tok = load_tokenizer(TEST_TOKENIZER)
-    save_policy(tiny_llama(tok, hidden_size=64), tok, tmp_path / "model")
-    rng = random.Random(0)
-    save_examples([SFTExample(f"r{i}", "t", [rng.randrange(5, 300) for _ in range(40)],
-                              [0] * 20 + [1] * 20, [0], True) for i in range(16)],
-                  tmp_path / "sft.jsonl")
+    write_sft_inputs(tmp_path, 16)
     out = tmp_path / "out"
     done = subprocess.run(
         [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",

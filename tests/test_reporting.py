@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sqlite3
 import struct
 import subprocess
@@ -24,11 +23,9 @@ from orchard.cli.demo import demo_config
 from orchard.extras import MissingExtra
 from orchard.recipes.demo_view import artifacts
 from orchard.recipes.loop import train_loop
-from orchard.recipes.models import save_policy, tiny_llama
 from orchard.recipes.reporting import CHOICES, parse_report_to, scalars, section
-from orchard.recipes.sft import SFTExample, save_examples
-from orchard.rollout.tokenizer import TEST_TOKENIZER, load_tokenizer
 from tests.conftest import needs_root
+from tests.tiny_sft import write_sft_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 SFT = [{"loss": 2.0, "lr": 1e-3}, {"loss": 1.5, "lr": 1e-3}, {"loss": 0.5, "lr": 5e-4}]
@@ -208,12 +205,7 @@ def test_train_loop_keeps_its_log_and_reports_each_step(tmp_path: Path) -> None:
 def test_sft_cli_reports_to_tensorboard(tmp_path: Path) -> None:
     """`python -m orchard.recipes.distributed --report-to tensorboard`: SFT of the tiny Llama,
     one process; TensorBoard holds each step's loss, the same as the run's own record."""
-    tok = load_tokenizer(TEST_TOKENIZER)
-    save_policy(tiny_llama(tok, hidden_size=64), tok, tmp_path / "model")
-    rng = random.Random(0)
-    save_examples([SFTExample(f"r{i}", "t", [rng.randrange(5, 300) for _ in range(40)],
-                              [0] * 20 + [1] * 20, [0], True) for i in range(8)],
-                  tmp_path / "sft.jsonl")
+    write_sft_inputs(tmp_path, 8)
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "orchard.recipes.distributed", "--examples",
