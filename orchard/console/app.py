@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import parse_qs
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
@@ -17,6 +16,7 @@ from orchard.console.pages import (
     ConsoleError,
     LoginRequired,
     error_page,
+    form_fields,
     render,
     to_login,
 )
@@ -72,9 +72,8 @@ def _login_router() -> APIRouter:
 
     @ui.post("/login")
     async def login(request: Request) -> Response:
-        body = await request.body()
-        form = parse_qs(body[:MAX_LOGIN_BODY].decode(errors="replace"))
-        key, target = form.get("key", [""])[0], _local(form.get("next", ["/ui/sandboxes"])[0])
+        form = await form_fields(request, MAX_LOGIN_BODY)
+        key, target = form.get("key", ""), _local(form.get("next", "/ui/sandboxes"))
         try:
             check_key(request.app.state.console.api_keys, key)
         except AuthError as e:

@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote
 
 import httpx
 from fastapi import Request
@@ -46,16 +46,12 @@ class Console:
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                       base_url="http://console", timeout=60)
 
-    def login_needed(self, request: Request) -> bool:
+    def check(self, request: Request) -> None:
+        """LoginRequired unless the visitor carries a valid key (or none is needed)."""
         try:
             check_key(self.api_keys, given_key(request))
         except AuthError:
-            return True
-        return False
-
-    def check(self, request: Request) -> None:
-        if self.login_needed(request):
-            raise LoginRequired
+            raise LoginRequired from None
 
     async def call(self, request: Request, method: str, path: str, **kwargs: Any) -> Any:
         """The API's JSON answer to ``method path``, else ConsoleError with its detail."""
@@ -67,6 +63,13 @@ class Console:
         if response.status_code >= 400:
             raise ConsoleError(response.status_code, _detail(response))
         return response.json() if response.content else None
+
+
+async def form_fields(request: Request, limit: int = 65536) -> dict[str, str]:
+    """A posted form's fields, first value each; past ``limit`` bytes the body is not read
+    (the console's forms are a few short fields)."""
+    body = (await request.body())[:limit].decode(errors="replace")
+    return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
 
 
 def _detail(response: httpx.Response) -> str:

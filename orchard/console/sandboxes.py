@@ -6,22 +6,16 @@ from __future__ import annotations
 import asyncio
 import base64
 from typing import Annotated, Any
-from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from orchard.console.pages import ConsoleError, render
+from orchard.console.pages import ConsoleError, form_fields, render
 
 PAGE = 100
 # Files larger than this are shown cut, with a note to download them with the SDK or CLI.
 MAX_VIEW_BYTES = 256 * 1024
 LIVE = ("running", "paused")
-
-
-async def _form(request: Request) -> dict[str, str]:
-    body = (await request.body())[:65536].decode(errors="replace")
-    return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
 
 
 def router() -> APIRouter:
@@ -102,7 +96,7 @@ def router() -> APIRouter:
 
     @ui.post("/{sid}/exec")
     async def run(request: Request, sid: str) -> Response:
-        command = (await _form(request)).get("command", "").strip()
+        command = (await form_fields(request)).get("command", "").strip()
         if not command:
             raise ConsoleError(400, "type a command to run, e.g. ls -la")
         job = await request.app.state.console.call(
@@ -112,14 +106,14 @@ def router() -> APIRouter:
 
     @ui.post("/{sid}/snapshot")
     async def snapshot(request: Request, sid: str) -> Response:
-        memory = (await _form(request)).get("memory") == "on"
+        memory = (await form_fields(request)).get("memory") == "on"
         shot = await request.app.state.console.call(
             request, "POST", f"/sandboxes/{sid}/snapshot", json={"memory": memory})
         return render(request, "action_done.html", snapshot=shot)
 
     @ui.post("/{sid}/fork")
     async def fork(request: Request, sid: str) -> Response:
-        raw = (await _form(request)).get("count", "1")
+        raw = (await form_fields(request)).get("count", "1")
         if not raw.isdigit() or not 1 <= int(raw) <= 16:
             raise ConsoleError(400, f"fork count {raw!r}: give a whole number from 1 to 16 "
                                "(the API takes up to 1000)")
